@@ -1,0 +1,222 @@
+"""Functional core of scaled dot-product attention, written with `keras.ops`.
+
+These functions work on already-projected, per-head tensors laid out like
+`keras.ops.dot_product_attention`: query `(B, T, H, d_k)`, key `(B, S, H, d_k)`,
+value `(B, S, H, d_v)`. Masks are booleans broadcastable to `(B, H, T, S)`,
+`True` meaning "this query may attend to this key".
+
+Two rules hold on every path:
+
+* the softmax runs in float32 whatever the compute dtype, so mixed precision
+  never overflows the exponentials;
+* a query row with no key it may attend to gets all-zero weights and a zero
+  output (never NaN and never a uniform average over masked keys).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# A finite "minus infinity": exp() of it is exactly 0 in float32 and, unlike
+# -inf, subtracting the row maximum from it can never produce NaN.
+_MASKED_SCORE = -1e30
+
+
+def _check_rank(tensor, rank, name):
+    if len(tensor.shape) != rank:
+        raise ValueError(
+            f"`{name}` must be a rank-{rank} tensor; received shape "
+            f"{tuple(tensor.shape)}."
+        )
+
+
+def resolve_scale(scale, key_dim):
+    """Returns the numeric score scale for `scale` and `key_dim`.
+
+    Args:
+        scale: `None` or `"sqrt"` for `1/sqrt(key_dim)`, `"none"` for 1.0,
+            or a positive finite number.
+        key_dim: size of the query/key vectors.
+
+    Returns:
+        A Python float.
+    """
+    if scale is None or (isinstance(scale, str) and scale == "sqrt"):
+        return 1.0 / math.sqrt(key_dim)
+    if isinstance(scale, str):
+        if scale == "none":
+            return 1.0
+        raise ValueError(
+            f'`scale` must be "sqrt", "none", "learned" or a positive number; '
+            f"received {scale!r}."
+        )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ValueError(
+            f'`scale` must be "sqrt", "none", "learned" or a positive number; '
+            f"received {scale!r}."
+        )
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(
+            f"`scale` must be a positive finite number; received {scale!r}."
+        )
+    return float(scale)
+
+
+def combine_masks(*masks):
+    """Logical AND of the boolean masks that are not `None` (or `None`)."""
+    combined = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        combined = mask if combined is None else ops.logical_and(combined, mask)
+    return combined
+
+
+def causal_mask(query_length, key_length):
+    """Lower-triangular `(T, S)` mask aligned top-left: row i sees keys j <= i."""
+    rows = ops.expand_dims(ops.arange(query_length, dtype="int32"), -1)
+    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+    return ops.greater_equal(rows, cols)
+
+
+def attention_scores(query, key, scale):
+    """Scaled scores `q . k * scale` as float32, shape `(B, H, T, S)`.
+
+    float16 operands are promoted before the product: unscaled scores at large
+    d_k are exactly the case where a float16 dot product could overflow.
+    """
+    if query.dtype == "float16" or key.dtype == "float16":
+        query = ops.cast(query, "float32")
+        key = ops.cast(key, "float32")
+    scores = ops.einsum("bthd,bshd->bhts", query, key)
+    scores = ops.cast(scores, "float32")
+    return scores * ops.cast(scale, "float32")
+
+
+def masked_softmax(scores, mask=None):
+    """Float32 softmax over the last axis that gives zero weight to masked keys.
+
+    Rows whose keys are all masked come out as all zeros.
+    """
+    scores = ops.cast(scores, "float32")
+    if mask is None:
+        return ops.softmax(scores, axis=-1)
+    mask = ops.cast(mask, "bool")
+    filled = ops.where(mask, scores, _MASKED_SCORE)
+    row_max = ops.max(filled, axis=-1, keepdims=True)
+    # Keep the shift finite for fully masked rows; their exponentials vanish.
+    row_max = ops.where(row_max > _MASKED_SCORE / 2, row_max, 0.0)
+    row_max = ops.stop_gradient(row_max)
+    exps = ops.exp(filled - row_max)
+    exps = ops.where(mask, exps, 0.0)
+    denominator = ops.sum(exps, axis=-1, keepdims=True)
+    return exps / ops.where(denominator > 0.0, denominator, 1.0)
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    scale=None,
+    dropout_rate=0.0,
+    training=False,
+    seed_generator=None,
+    return_weights=False,
+):
+    """softmax(Q Kᵀ · scale) V on projected, per-head tensors.
+
+    Args:
+        query: `(B, T, H, d_k)`.
+        key: `(B, S, H, d_k)`.
+        value: `(B, S, H, d_v)`.
+        mask: optional boolean tensor broadcastable to `(B, H, T, S)`,
+            `True` where a query may attend to a key.
+        scale: `None` or `"sqrt"` (1/sqrt(d_k)), `"none"` (1.0), a positive
+            number, or a scalar tensor (e.g. a learned scale).
+        dropout_rate: dropout applied to the attention weights in training.
+        training: whether dropout is active.
+        seed_generator: a `keras.random.SeedGenerator` for the dropout.
+        return_weights: also return the attention weights.
+
+    Returns:
+        The attention output `(B, T, H, d_v)` in the value's dtype, and with
+        `return_weights=True` also the float32 weights `(B, H, T, S)` (before
+        dropout; each row with an attendable key sums to 1).
+
+    Example:
+
+    >>> q = keras.random.normal((2, 5, 1, 8))
+    >>> out, w = scaled_dot_product_attention(q, q, q, return_weights=True)
+    >>> tuple(out.shape), tuple(w.shape)
+    ((2, 5, 1, 8), (2, 1, 5, 5))
+    """
+    query = ops.convert_to_tensor(query)
+    key = ops.convert_to_tensor(key)
+    value = ops.convert_to_tensor(value)
+    for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
+        _check_rank(tensor, 4, name)
+    if not (0.0 <= dropout_rate < 1.0):
+        raise ValueError(
+            f"`dropout_rate` must be in [0, 1); received {dropout_rate!r}."
+        )
+    if not _is_tensor_like(scale):
+        scale = resolve_scale(scale, query.shape[-1])
+    scores = attention_scores(query, key, scale)
+    weights = masked_softmax(scores, mask)
+    used_weights = weights
+    if training and dropout_rate > 0.0:
+        used_weights = keras.random.dropout(
+            weights, dropout_rate, seed=seed_generator
+        )
+    output = ops.einsum(
+        "bhts,bshd->bthd", ops.cast(used_weights, value.dtype), value
+    )
+    if return_weights:
+        return output, weights
+    return output
+
+
+def _is_tensor_like(value):
+    return value is not None and not isinstance(value, (str, int, float))
+
+
+def attention_entropy(weights, mask=None, normalize=False):
+    """Entropy of each query row of attention weights, in nats.
+
+    Args:
+        weights: attention probabilities `(..., T, S)`.
+        mask: optional boolean tensor broadcastable to `weights`; only keys a
+            row may attend count towards its normalisation.
+        normalize: divide by `log(n)`, where n is the number of keys the row
+            may attend to (1 = uniform, 0 = one-hot). Rows with at most one
+            attendable key have entropy 0.
+
+    Returns:
+        Float32 tensor `(..., T)`.
+
+    Example:
+
+    >>> w = keras.ops.ones((1, 1, 2, 4)) / 4.0
+    >>> float(attention_entropy(w, normalize=True)[0, 0, 0])
+    1.0
+    """
+    weights = ops.cast(ops.convert_to_tensor(weights), "float32")
+    # 0 * log(0) is taken as 0; the clip keeps the log finite.
+    plogp = ops.where(
+        weights > 0.0, weights * ops.log(ops.maximum(weights, 1e-30)), 0.0
+    )
+    entropy = -ops.sum(plogp, axis=-1)
+    if not normalize:
+        return entropy
+    if mask is None:
+        num_keys = ops.full(ops.shape(entropy), float(weights.shape[-1]))
+    else:
+        mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(weights))
+        num_keys = ops.sum(ops.cast(mask, "float32"), axis=-1)
+    log_keys = ops.log(ops.maximum(num_keys, 1.0))
+    return ops.where(
+        num_keys > 1.0, entropy / ops.maximum(log_keys, 1e-30), 0.0
+    )
