@@ -1,0 +1,1 @@
+"""Runnable pipelines built on `keras_attention`: train, compare, variance, export."""

@@ -1,0 +1,68 @@
+"""The `keras-attention` command line.
+
+    keras-attention train     train a toy model with attention diagnostics
+    keras-attention compare   scaled vs unscaled attention, side by side
+    keras-attention variance  the variance of q.k, measured against theory
+    keras-attention export    export a trained run (SavedModel, .keras, TFLite)
+
+Each subcommand lives in its own pipeline module, which provides
+`add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
+2 and one line on stderr, before any work starts.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+from pipelines.common import UsageError
+
+COMMANDS = {
+    "train": "pipelines.train",
+    "compare": "pipelines.compare",
+    "variance": "pipelines.variance",
+    "export": "pipelines.export",
+}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-attention",
+        description="Scaled dot-product attention: train, compare, export.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue
+        summary = (module.__doc__ or "").strip().splitlines()[0:1]
+        subparser = subparsers.add_parser(
+            name,
+            help=summary[0] if summary else None,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(subparser)
+        subparser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv=None):
+    # TensorFlow's C++ start-up chatter is noise on a command line.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.run(args)
+    except UsageError as error:
+        print(f"keras-attention {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0 if status is None else int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
