@@ -381,14 +381,14 @@ class ScaledDotProductAttention(keras.layers.Layer):
             and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
         ):
             return "memory_efficient"
-        if self.compute_dtype == "float16":
+        if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
             # The fused op takes the score product in float16.
             return "explicit"
         return "fused"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
         # Scaling q (T*d values) is cheaper than scaling the (T*S) scores.
-        if q.dtype == "float16":
+        if keras.backend.standardize_dtype(q.dtype) == "float16":
             q = ops.cast(q, "float32")
             k = ops.cast(k, "float32")
         q = q * ops.cast(scale, q.dtype)
@@ -414,7 +414,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
             k,
             v,
             mask=mask,
-            scale=scale if isinstance(scale, float) else ops.cast(scale, "float32"),
+            scale=(
+                scale
+                if isinstance(scale, float)
+                else ops.cast(scale, attention_ops.softmax_dtype(q.dtype))
+            ),
         )
         if mask is None:
             return attended
@@ -547,7 +551,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
             return output
         weights = keras.KerasTensor(
             (query.shape[0], self.num_heads, query.shape[1], key.shape[1]),
-            dtype="float32",
+            dtype=attention_ops.softmax_dtype(self.compute_dtype),
         )
         return output, weights
 

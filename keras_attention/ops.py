@@ -81,18 +81,27 @@ def causal_mask(query_length, key_length):
     return ops.greater_equal(rows, cols)
 
 
+def softmax_dtype(dtype):
+    """float32, or float64 when the inputs are float64 (never narrower)."""
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
+
+def _is_float16(tensor):
+    return keras.backend.standardize_dtype(tensor.dtype) == "float16"
+
+
 def attention_scores(query, key, scale):
     """Scaled scores `q . k * scale` as float32, shape `(B, H, T, S)`.
 
     float16 operands are promoted before the product: unscaled scores at large
     d_k are exactly the case where a float16 dot product could overflow.
     """
-    if query.dtype == "float16" or key.dtype == "float16":
+    if _is_float16(query) or _is_float16(key):
         query = ops.cast(query, "float32")
         key = ops.cast(key, "float32")
-    scores = ops.einsum("bthd,bshd->bhts", query, key)
-    scores = ops.cast(scores, "float32")
-    return scores * ops.cast(scale, "float32")
+    dtype = softmax_dtype(query.dtype)
+    scores = ops.cast(ops.einsum("bthd,bshd->bhts", query, key), dtype)
+    return scores * ops.cast(scale, dtype)
 
 
 def masked_softmax(scores, mask=None):
@@ -100,8 +109,10 @@ def masked_softmax(scores, mask=None):
 
     Rows whose keys are all masked come out as all zeros.
     """
-    scores = ops.cast(scores, "float32")
+    scores = ops.cast(scores, softmax_dtype(scores.dtype))
     if mask is None:
+        if scores.shape[-1] == 1:  # one key: it gets all the weight
+            return ops.ones_like(scores)
         return ops.softmax(scores, axis=-1)
     mask = ops.cast(mask, "bool")
     filled = ops.where(mask, scores, _MASKED_SCORE)
@@ -203,7 +214,8 @@ def attention_entropy(weights, mask=None, normalize=False):
     >>> float(attention_entropy(w, normalize=True)[0, 0, 0])
     1.0
     """
-    weights = ops.cast(ops.convert_to_tensor(weights), "float32")
+    weights = ops.convert_to_tensor(weights)
+    weights = ops.cast(weights, softmax_dtype(weights.dtype))
     # 0 * log(0) is taken as 0; the clip keeps the log finite.
     plogp = ops.where(
         weights > 0.0, weights * ops.log(ops.maximum(weights, 1e-30)), 0.0
@@ -215,7 +227,7 @@ def attention_entropy(weights, mask=None, normalize=False):
         num_keys = ops.full(ops.shape(entropy), float(weights.shape[-1]))
     else:
         mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(weights))
-        num_keys = ops.sum(ops.cast(mask, "float32"), axis=-1)
+        num_keys = ops.sum(ops.cast(mask, weights.dtype), axis=-1)
     log_keys = ops.log(ops.maximum(num_keys, 1.0))
     return ops.where(
         num_keys > 1.0, entropy / ops.maximum(log_keys, 1e-30), 0.0
