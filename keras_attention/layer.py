@@ -372,6 +372,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
                     "implementation."
                 )
             return "explicit"
+        fused_ok = self.value_dim == self.key_dim  # jax's fused op needs it
+        if self.implementation == "fused" and not fused_ok:
+            return "explicit"
         if self.implementation != "auto":
             return self.implementation
         query_length, key_length = query.shape[1], key.shape[1]
@@ -384,7 +387,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
             # The fused op takes the score product in float16.
             return "explicit"
-        return "fused"
+        return "fused" if fused_ok else "explicit"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
         # Scaling q (T*d values) is cheaper than scaling the (T*S) scores.
