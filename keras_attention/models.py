@@ -1,0 +1,634 @@
+"""Small Transformer-style sequence models built around the attention layer.
+
+`build_sequence_model` returns a functional Keras model mapping int32 token
+ids `(B, T)` to per-token float32 logits `(B, T, num_classes)`: token and
+learned position embeddings, `num_layers` blocks of `ScaledDotProductAttention`
+plus a feed-forward network, each with a residual connection and layer
+normalization, and a per-token classifier.
+
+Models that differ only in the attention `scale` (or `qk_norm`) start from
+identical values of every weight they share, so a comparison between them
+measures the scale and nothing else.
+"""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import ops as attention_ops
+from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.layer import ScaledDotProductAttention
+
+NORM_MODES = ("pre", "post")
+QK_INIT_MODES = ("unit", "glorot")
+
+# Layer normalization epsilon. Keras' default (1e-3) is not small next to the
+# variance of a freshly initialized residual stream and would shrink the
+# normalized components below unit variance.
+_NORM_EPSILON = 1e-6
+
+
+# --------------------------------------------------------------- validation
+def _is_int(value):
+    return not isinstance(value, (bool, np.bool_)) and isinstance(
+        value, numbers.Integral
+    )
+
+
+def _is_bool(value):
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_positive_real(value):
+    return (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, numbers.Real)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _check_int(value, name, minimum=1, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or value < minimum:
+        expected = (
+            "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        )
+        if allow_none:
+            expected += " or None"
+        raise ValueError(f"`{name}` must be {expected}; received {value!r}.")
+    return int(value)
+
+
+def _check_bool(value, name):
+    if not _is_bool(value):
+        raise ValueError(f"`{name}` must be True or False; received {value!r}.")
+    return bool(value)
+
+
+def _check_factors(factors, name="token_factors"):
+    if isinstance(factors, (str, bytes)) or not isinstance(
+        factors, (tuple, list)
+    ):
+        raise ValueError(
+            f"`{name}` must be a non-empty tuple of positive integers "
+            f"(radices); received {factors!r}."
+        )
+    if not factors or not all(_is_int(r) and r >= 1 for r in factors):
+        raise ValueError(
+            f"`{name}` must be a non-empty tuple of positive integers "
+            f"(radices); received {factors!r}."
+        )
+    return tuple(int(r) for r in factors)
+
+
+# ------------------------------------------------------------ initializers
+@keras.saving.register_keras_serializable(package="keras_attention")
+class PerCallInitializer(keras.initializers.Initializer):
+    """Wraps an unseeded initializer so that every call draws new values.
+
+    A Keras 3 random initializer fixes an integer seed when it is created,
+    so one instance used for several weights of the same shape returns the
+    same values each time (W_Q would equal W_K). This wrapper recreates the
+    wrapped initializer from its config at every call; the fresh instance
+    takes a new seed from the global random state, which
+    `keras.utils.set_random_seed` controls. Builds are therefore
+    reproducible under a global seed and every weight gets independent
+    values.
+
+    Args:
+        initializer: a Keras initializer (name, config or instance) without
+            an explicit seed.
+
+    Example:
+
+    >>> init = PerCallInitializer(keras.initializers.RandomNormal(0.0, 0.1))
+    >>> a, b = init((4, 4)), init((4, 4))  # different values
+    """
+
+    def __init__(self, initializer):
+        self.initializer = keras.initializers.get(initializer)
+
+    def __call__(self, shape, dtype=None):
+        fresh = self.initializer.__class__.from_config(
+            self.initializer.get_config()
+        )
+        return fresh(shape, dtype=dtype)
+
+    def get_config(self):
+        return {"initializer": keras.initializers.serialize(self.initializer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.initializers.deserialize(config["initializer"]))
+
+
+def _normal(stddev):
+    return PerCallInitializer(keras.initializers.RandomNormal(0.0, stddev))
+
+
+def _query_key_initializer(qk_init_std, d_model):
+    if isinstance(qk_init_std, str) and qk_init_std == "unit":
+        return _normal(1.0 / math.sqrt(d_model))
+    if isinstance(qk_init_std, str) and qk_init_std == "glorot":
+        return PerCallInitializer("glorot_uniform")
+    return _normal(float(qk_init_std))
+
+
+# ------------------------------------------------------------------ layers
+@keras.saving.register_keras_serializable(package="keras_attention")
+class FactoredEmbedding(keras.layers.Layer):
+    """Embeds a token whose id encodes several factors as a sum of embeddings.
+
+    Token id `t > 0` stands for the mixed-radix digits
+    `(d_1, ..., d_n)` of `t - 1` with radices `factors = (r_1, ..., r_n)`,
+    most significant first: `t - 1 = d_1 r_2 ... r_n + ... + d_{n-1} r_n
+    + d_n`. Its embedding is `E_1[d_1] + ... + E_n[d_n]`, one table
+    `E_i` of shape `(r_i, output_dim)` per factor. Id `0` is padding: its
+    embedding is zero and, with `mask_zero=True`, it is masked. Valid ids
+    are `0 .. prod(factors)`.
+
+    A (key, value) pair token is thus embedded as key embedding + value
+    embedding, and a query token that shares the key shares that part of its
+    embedding.
+
+    Args:
+        factors: tuple of radices `(r_1, ..., r_n)`, positive integers.
+        output_dim: embedding width.
+        mask_zero: whether id 0 produces a `False` mask entry.
+        embeddings_initializer: initializer of the tables.
+        **kwargs: base layer arguments such as `name` and `dtype`.
+
+    Example:
+
+    >>> layer = FactoredEmbedding((8, 5), output_dim=16)
+    >>> tokens = keras.ops.array([[1, 7, 40, 0]], dtype="int32")
+    >>> tuple(layer(tokens).shape)
+    (1, 4, 16)
+    """
+
+    def __init__(
+        self,
+        factors,
+        output_dim,
+        mask_zero=True,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.factors = _check_factors(factors, "factors")
+        self.output_dim = _check_int(output_dim, "output_dim")
+        self.mask_zero = _check_bool(mask_zero, "mask_zero")
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+        )
+        # Place value of each digit: the product of the radices after it.
+        self._strides = tuple(
+            int(np.prod(self.factors[i + 1 :], dtype=np.int64))
+            for i in range(len(self.factors))
+        )
+        self.supports_masking = mask_zero
+
+    @property
+    def input_dim(self):
+        """Number of ids, padding included: `1 + prod(factors)`."""
+        return 1 + int(np.prod(self.factors, dtype=np.int64))
+
+    def build(self, input_shape=None):
+        # One initializer instance would give tables of equal shape equal
+        # values; draw each table anew.
+        initializer = PerCallInitializer(self.embeddings_initializer)
+        self.tables = [
+            self.add_weight(
+                name=f"embeddings_{i}",
+                shape=(radix, self.output_dim),
+                initializer=initializer,
+            )
+            for i, radix in enumerate(self.factors)
+        ]
+
+    def call(self, inputs):
+        inputs = ops.cast(inputs, "int32")
+        is_token = ops.greater(inputs, 0)
+        # Padding maps to digit 0 of every table, then to a zero vector.
+        offset = ops.maximum(inputs - 1, 0)
+        embedding = None
+        for table, radix, stride in zip(
+            self.tables, self.factors, self._strides
+        ):
+            digit = ops.mod(ops.floor_divide(offset, stride), radix)
+            rows = ops.take(table, digit, axis=0)
+            embedding = rows if embedding is None else embedding + rows
+        return ops.where(
+            ops.expand_dims(is_token, -1), embedding, ops.zeros_like(embedding)
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        return ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.output_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "factors": list(self.factors),
+                "output_dim": self.output_dim,
+                "mask_zero": self.mask_zero,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position to a `(B, T, D)` input.
+
+    The table has `max_len` rows; a call uses the first `T`. The input's
+    mask passes through unchanged.
+
+    Args:
+        max_len: the longest sequence the layer accepts.
+        embeddings_initializer: initializer of the `(max_len, D)` table.
+        **kwargs: base layer arguments such as `name` and `dtype`.
+
+    Example:
+
+    >>> layer = PositionEmbedding(max_len=16)
+    >>> tuple(layer(keras.ops.zeros((2, 10, 8))).shape)
+    (2, 10, 8)
+    """
+
+    def __init__(self, max_len, embeddings_initializer="uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.max_len = _check_int(max_len, "max_len")
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        if input_shape[-1] is None:
+            raise ValueError(
+                "The last dimension of the input of PositionEmbedding must be "
+                f"known; received shape {tuple(input_shape)}."
+            )
+        if input_shape[1] is not None and input_shape[1] > self.max_len:
+            raise ValueError(
+                f"Sequence length {input_shape[1]} exceeds `max_len` "
+                f"{self.max_len}."
+            )
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_len, input_shape[-1]),
+            initializer=self.embeddings_initializer,
+        )
+
+    def call(self, inputs):
+        length = ops.shape(inputs)[1]
+        positions = ops.slice(
+            self.embeddings, (0, 0), (length, ops.shape(self.embeddings)[1])
+        )
+        return inputs + ops.cast(positions, inputs.dtype)[None, :, :]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_len": self.max_len,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config
+
+
+# ------------------------------------------------------------------- model
+def build_sequence_model(
+    vocab_size,
+    seq_len,
+    num_classes=None,
+    d_model=64,
+    num_layers=1,
+    key_dim=64,
+    num_heads=1,
+    value_dim=None,
+    scale="sqrt",
+    qk_norm=False,
+    causal=False,
+    norm="pre",
+    ff_dim=None,
+    dropout=0.0,
+    token_factors=None,
+    qk_init_std="unit",
+    qk_init_gain=1.0,
+    mask_padding=True,
+    implementation="auto",
+    name="sequence_model",
+    max_len=None,
+):
+    """Builds a small Transformer-style per-token classifier.
+
+    Architecture: token embedding (optionally factored) + learned position
+    embedding, then `num_layers` blocks of self-attention and a feed-forward
+    network (`Dense(ff_dim, gelu)`, `Dense(d_model)`), each wrapped in a
+    residual connection and a layer normalization, then a per-token
+    `Dense(num_classes)` named `"logits"`.
+
+    - `norm="pre"` (default): `x + Attn(LN(x))`, `x + FF(LN(x))`, and a final
+      LN before the classifier.
+    - `norm="post"`: `LN(x + Attn(x))`, `LN(x + FF(x))`.
+
+    Pre-norm is the default because it makes the model match the assumption
+    behind the 1/sqrt(d_k) scale: the attention input is layer-normalized,
+    so its components have zero mean and unit variance whatever the scale of
+    the residual stream, and with `W_Q, W_K ~ N(0, 1/d_model)`
+    (`qk_init_std="unit"`) the components of q and k have unit variance at
+    initialization. Then `q . k` has variance `d_k` and the scaled score
+    has variance 1, in every layer. In a post-norm model the first
+    attention sees the raw embeddings; the embeddings are initialized so
+    that their sum also has unit-variance components (each of the `n`
+    summed tables, tokens factors and positions, is drawn from
+    `N(0, 1/n)`), but deeper residual streams are not normalized.
+
+    Initialization: every random weight gets its own draw from the global
+    random state in a fixed build order, so after
+    `keras.utils.set_random_seed(s)` the build is reproducible, and models
+    that differ only in `scale` or `qk_norm` (which add only
+    deterministically initialized weights) get identical values for every
+    weight they share. W_V and W_O are Glorot-uniform (the Keras default);
+    W_Q and W_K follow `qk_init_std` and are then multiplied by
+    `qk_init_gain`.
+
+    Padding: with `mask_padding=True` id 0 is padding; its mask hides padded
+    keys (and queries) in every attention layer and travels to the logits,
+    so Keras losses and metrics ignore padded positions.
+
+    Args:
+        vocab_size: number of input ids including the padding id 0; at
+            least 2.
+        seq_len: sequence length, or `None` for variable length (then
+            `max_len` is required).
+        num_classes: number of output classes; defaults to `vocab_size`.
+        d_model: width of the residual stream.
+        num_layers: number of attention blocks.
+        key_dim: `d_k`, the size of each head's queries and keys.
+        num_heads: number of attention heads.
+        value_dim: size of each head's values; defaults to `key_dim`.
+        scale: score scale of every attention layer: `"sqrt"`
+            (1/sqrt(key_dim)), `"none"`, `"learned"` or a positive number.
+        qk_norm: layer-normalize each head's queries and keys.
+        causal: let position i attend only to positions j <= i.
+        norm: `"pre"` or `"post"` (see above).
+        ff_dim: hidden width of the feed-forward networks; `None` for
+            `4 * d_model`, `0` for blocks without a feed-forward network.
+        dropout: rate of dropout on the attention weights and on each
+            sub-layer's output before its residual addition (training only).
+        token_factors: `None`, or a tuple of radices for a
+            `FactoredEmbedding`; then `vocab_size` must equal
+            `1 + prod(token_factors)`.
+        qk_init_std: initialization of W_Q and W_K: `"unit"` for
+            `N(0, 1/d_model)`, `"glorot"` for Keras' Glorot-uniform, or a
+            positive float standard deviation of a zero-mean normal.
+        qk_init_gain: positive factor applied to W_Q and W_K after
+            initialization (`key_dim**0.25` saturates a scaled model at
+            init; `key_dim**-0.25` un-saturates an unscaled one).
+        mask_padding: treat id 0 as padding and mask it.
+        implementation: attention implementation passed to the layers
+            (`"auto"`, `"explicit"`, `"fused"`, `"memory_efficient"`).
+        name: name of the model.
+        max_len: length of the position table; defaults to `seq_len` and
+            must be at least `seq_len`.
+
+    Returns:
+        A functional `keras.Model` with input `"tokens"` (int32 `(B, T)`)
+        and output `"logits"` (float32 `(B, T, num_classes)`, float32 also
+        under a mixed precision policy). Its attention layers are named
+        `attention_0`, `attention_1`, ... (see `attention_layers`).
+
+    Example:
+
+    >>> keras.utils.set_random_seed(0)
+    >>> model = build_sequence_model(vocab_size=41, seq_len=5, num_classes=4,
+    ...                              token_factors=(8, 5))
+    >>> tuple(model(keras.ops.ones((2, 5), dtype="int32")).shape)
+    (2, 5, 4)
+    """
+    vocab_size = _check_int(vocab_size, "vocab_size", minimum=2)
+    seq_len = _check_int(seq_len, "seq_len", allow_none=True)
+    max_len = _check_int(max_len, "max_len", allow_none=True)
+    if seq_len is None and max_len is None:
+        raise ValueError(
+            "`max_len` is required when `seq_len` is None (variable length): "
+            "it sizes the position embedding."
+        )
+    if seq_len is not None and max_len is not None and max_len < seq_len:
+        raise ValueError(
+            f"`max_len` must be at least `seq_len` ({seq_len}); received "
+            f"{max_len}."
+        )
+    num_classes = _check_int(num_classes, "num_classes", allow_none=True)
+    num_classes = vocab_size if num_classes is None else num_classes
+    d_model = _check_int(d_model, "d_model")
+    num_layers = _check_int(num_layers, "num_layers")
+    key_dim = _check_int(key_dim, "key_dim")
+    num_heads = _check_int(num_heads, "num_heads")
+    value_dim = _check_int(value_dim, "value_dim", allow_none=True)
+    if not (isinstance(scale, str) and scale == "learned"):
+        attention_ops.resolve_scale(scale, key_dim)  # raises naming `scale`
+    qk_norm = _check_bool(qk_norm, "qk_norm")
+    causal = _check_bool(causal, "causal")
+    mask_padding = _check_bool(mask_padding, "mask_padding")
+    if norm not in NORM_MODES:
+        raise ValueError(
+            f"`norm` must be one of {NORM_MODES}; received {norm!r}."
+        )
+    ff_dim = _check_int(ff_dim, "ff_dim", minimum=0, allow_none=True)
+    ff_dim = 4 * d_model if ff_dim is None else ff_dim
+    if (
+        isinstance(dropout, (bool, np.bool_))
+        or not isinstance(dropout, numbers.Real)
+        or not 0.0 <= dropout < 1.0
+    ):
+        raise ValueError(
+            f"`dropout` must be a number in [0, 1); received {dropout!r}."
+        )
+    if token_factors is not None:
+        token_factors = _check_factors(token_factors)
+        expected_vocab = 1 + int(np.prod(token_factors, dtype=np.int64))
+        if vocab_size != expected_vocab:
+            raise ValueError(
+                f"`token_factors` {token_factors} encode ids "
+                f"0 .. {expected_vocab - 1}, so `vocab_size` must be "
+                f"1 + prod(token_factors) = {expected_vocab}; received "
+                f"vocab_size={vocab_size}."
+            )
+    if not (
+        (isinstance(qk_init_std, str) and qk_init_std in QK_INIT_MODES)
+        or _is_positive_real(qk_init_std)
+    ):
+        raise ValueError(
+            f"`qk_init_std` must be one of {QK_INIT_MODES} or a positive "
+            f"number; received {qk_init_std!r}."
+        )
+    if not _is_positive_real(qk_init_gain):
+        raise ValueError(
+            "`qk_init_gain` must be a positive finite number; received "
+            f"{qk_init_gain!r}."
+        )
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {IMPLEMENTATIONS}; received "
+            f"{implementation!r}."
+        )
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"`name` must be a non-empty string; received {name!r}."
+        )
+
+    # The summed input embedding gets unit-variance components.
+    num_tables = (len(token_factors) if token_factors else 1) + 1
+    embedding_init = _normal(1.0 / math.sqrt(num_tables))
+    query_key_init = _query_key_initializer(qk_init_std, d_model)
+    dropout = float(dropout)
+
+    tokens = keras.Input(shape=(seq_len,), dtype="int32", name="tokens")
+    if token_factors is not None:
+        embed = FactoredEmbedding(
+            token_factors,
+            d_model,
+            mask_zero=mask_padding,
+            embeddings_initializer=embedding_init,
+            name="token_embedding",
+        )
+    else:
+        embed = keras.layers.Embedding(
+            vocab_size,
+            d_model,
+            embeddings_initializer=embedding_init,
+            mask_zero=mask_padding,
+            name="token_embedding",
+        )
+    x = embed(tokens)
+    x = PositionEmbedding(
+        max_len or seq_len,
+        embeddings_initializer=embedding_init,
+        name="position_embedding",
+    )(x)
+    if dropout > 0.0:
+        x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+
+    for i in range(num_layers):
+        attention = ScaledDotProductAttention(
+            key_dim=key_dim,
+            num_heads=num_heads,
+            value_dim=value_dim,
+            output_dim=d_model,
+            scale=scale,
+            qk_norm=qk_norm,
+            dropout=dropout,
+            kernel_initializer=PerCallInitializer("glorot_uniform"),
+            implementation=implementation,
+            name=f"attention_{i}",
+        )
+        x = _residual_block(
+            x,
+            lambda h: attention(h, use_causal_mask=causal),
+            norm=norm,
+            dropout=dropout,
+            prefix="attention",
+            index=i,
+        )
+        # Redrawn here, straight after the layer is built, to keep one fixed
+        # order of random draws.
+        _initialize_query_key(attention, query_key_init, qk_init_gain)
+        if ff_dim > 0:
+            hidden = keras.layers.Dense(
+                ff_dim,
+                activation="gelu",
+                kernel_initializer=PerCallInitializer("glorot_uniform"),
+                name=f"ff_hidden_{i}",
+            )
+            project = keras.layers.Dense(
+                d_model,
+                kernel_initializer=PerCallInitializer("glorot_uniform"),
+                name=f"ff_output_{i}",
+            )
+            x = _residual_block(
+                x,
+                lambda h: project(hidden(h)),
+                norm=norm,
+                dropout=dropout,
+                prefix="ff",
+                index=i,
+            )
+
+    if norm == "pre":
+        x = keras.layers.LayerNormalization(
+            epsilon=_NORM_EPSILON, name="final_norm"
+        )(x)
+    logits = keras.layers.Dense(
+        num_classes,
+        kernel_initializer=PerCallInitializer("glorot_uniform"),
+        dtype="float32",
+        name="logits",
+    )(x)
+    return keras.Model(tokens, logits, name=name)
+
+
+def _residual_block(x, sublayer, norm, dropout, prefix, index):
+    """`x + f(LN(x))` (pre-norm) or `LN(x + f(x))` (post-norm)."""
+    layer_norm = keras.layers.LayerNormalization(
+        epsilon=_NORM_EPSILON, name=f"{prefix}_norm_{index}"
+    )
+    update = sublayer(layer_norm(x) if norm == "pre" else x)
+    if dropout > 0.0:
+        update = keras.layers.Dropout(
+            dropout, name=f"{prefix}_dropout_{index}"
+        )(update)
+    x = keras.layers.Add(name=f"{prefix}_residual_{index}")([x, update])
+    return layer_norm(x) if norm == "post" else x
+
+
+def _initialize_query_key(attention, initializer, gain):
+    for kernel in (attention.query_kernel, attention.key_kernel):
+        values = initializer(kernel.shape, dtype=kernel.dtype)
+        kernel.assign(values * gain)
+
+
+def attention_layers(model):
+    """The `ScaledDotProductAttention` layers of `model`, in build order.
+
+    Args:
+        model: a Keras model (nested models are searched too).
+
+    Returns:
+        A list of layers; empty if `model` has none.
+
+    Example:
+
+    >>> model = build_sequence_model(vocab_size=10, seq_len=8, num_layers=2)
+    >>> [layer.name for layer in attention_layers(model)]
+    ['attention_0', 'attention_1']
+    """
+    found = []
+    for layer in model.layers:
+        if isinstance(layer, ScaledDotProductAttention):
+            found.append(layer)
+        elif isinstance(layer, keras.Model):
+            found.extend(attention_layers(layer))
+    return found
