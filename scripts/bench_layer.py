@@ -1,0 +1,542 @@
+"""Forward+backward time of `ScaledDotProductAttention` against Keras peers.
+
+Times one training step (loss = sum(output), gradients with respect to every
+trainable weight and to the input) of four self-attention layers that compute
+the same function with the same weights:
+
+* `ours`: `keras_attention.ScaledDotProductAttention` with
+  `output_dim=width`, once per requested `implementation` (by default the
+  `"explicit"` path, which materialises the weights, and the `"fused"` path,
+  which calls `keras.ops.dot_product_attention`);
+* `MHA`: `keras.layers.MultiHeadAttention` with the same heads and dims
+  (it always projects back to the model width);
+* `dpa`: Q/K/V/O projections written by hand as einsums with the same kernel
+  shapes around `keras.ops.dot_product_attention`.
+
+Each peer gets its own `tf.function` per case (with or without
+`jit_compile`). After the warm-up calls the peers are timed in turn within
+each repeat, in an order that rotates from one repeat to the next, so machine
+noise hits them alike; the table reports the median of the repeats.
+
+Usage:
+
+    python scripts/bench_layer.py                      # full table
+    python scripts/bench_layer.py --seq-lens 128,512   # quick run
+    python scripts/bench_layer.py --jit off --heads 8 --repeats 5
+
+Bad arguments exit with status 2 and one line on stderr.
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Run from a source checkout without installing the package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+IMPLEMENTATIONS = ("explicit", "fused", "auto")
+JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
+# Sequences longer than this get one warm-up call and one timed repeat by
+# default: at batch 8 and 8 heads one step at 2048 tokens does about 250
+# GFLOP and moves several 1 GiB score-sized tensors, 15-40 s on two CPU cores.
+LONG_SEQUENCE = 1024
+SHORT_DEFAULTS = {"warmup": 2, "repeats": 5}
+LONG_DEFAULTS = {"warmup": 1, "repeats": 1}
+# Each timed sample strings together enough calls to last about this long.
+SAMPLE_SECONDS = 0.2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line on stderr, exit status 2.
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _positive_int_list(name):
+    def parse(text):
+        try:
+            values = [int(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            values = []
+        if not values or any(value <= 0 for value in values):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a comma-separated list of positive integers; "
+                f"received {text!r}"
+            )
+        return values
+
+    return parse
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a positive integer; received {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _implementation_list(text):
+    values = [item.strip() for item in text.split(",") if item.strip()]
+    if not values or any(value not in IMPLEMENTATIONS for value in values):
+        raise argparse.ArgumentTypeError(
+            f"--implementations must be a comma-separated subset of "
+            f"{','.join(IMPLEMENTATIONS)}; received {text!r}"
+        )
+    return list(dict.fromkeys(values))
+
+
+def parse_args(argv=None):
+    parser = _Parser(
+        prog="bench_layer.py",
+        description=(
+            "Forward+backward time of ScaledDotProductAttention against "
+            "keras.layers.MultiHeadAttention and hand-projected "
+            "keras.ops.dot_product_attention."
+        ),
+    )
+    parser.add_argument(
+        "--seq-lens",
+        type=_positive_int_list("--seq-lens"),
+        default=[128, 512, 2048],
+        help="comma-separated sequence lengths (default 128,512,2048)",
+    )
+    parser.add_argument(
+        "--heads",
+        type=_positive_int_list("--heads"),
+        default=[1, 8],
+        help="comma-separated head counts (default 1,8)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int("--repeats"),
+        default=None,
+        help=(
+            "timed repeats per case; default "
+            f"{SHORT_DEFAULTS['repeats']}, or {LONG_DEFAULTS['repeats']} for "
+            f"sequences longer than {LONG_SEQUENCE}"
+        ),
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_positive_int("--warmup"),
+        default=None,
+        help=(
+            "untimed calls per peer and case; the first one traces, the "
+            "last one sizes the timed samples; default "
+            f"{SHORT_DEFAULTS['warmup']}, or {LONG_DEFAULTS['warmup']} for "
+            f"sequences longer than {LONG_SEQUENCE}"
+        ),
+    )
+    parser.add_argument(
+        "--jit",
+        choices=sorted(JIT_MODES),
+        default="both",
+        help="tf.function jit_compile off, on or both (default both)",
+    )
+    parser.add_argument(
+        "--batch", type=_positive_int("--batch"), default=8, help="default 8"
+    )
+    parser.add_argument(
+        "--width",
+        type=_positive_int("--width"),
+        default=256,
+        help="model width D, also the output width (default 256)",
+    )
+    parser.add_argument(
+        "--key-dim",
+        type=_positive_int("--key-dim"),
+        default=64,
+        help="per-head query/key/value size (default 64)",
+    )
+    parser.add_argument(
+        "--use-bias",
+        choices=("on", "off"),
+        default="off",
+        help="biases on all four projections of every peer (default off)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help=(
+            "wall: elapsed time (default); cpu: CPU time of this process, "
+            "all threads, which other jobs on a shared machine disturb far "
+            "less (best with --threads 1)"
+        ),
+    )
+    parser.add_argument(
+        "--threads",
+        type=_positive_int("--threads"),
+        default=None,
+        help="TensorFlow intra-op and inter-op threads (default: TF's choice)",
+    )
+    parser.add_argument(
+        "--implementations",
+        type=_implementation_list,
+        default=["explicit", "fused"],
+        help=(
+            "comma-separated implementations of our layer to time "
+            "(explicit, fused, auto; default explicit,fused)"
+        ),
+    )
+    return parser.parse_args(argv)
+
+
+def _import_backend(threads=None):
+    import keras
+    import tensorflow as tf
+
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+    if keras.backend.backend() != "tensorflow":
+        sys.stderr.write(
+            "bench_layer.py: error: needs the tensorflow Keras backend; "
+            f"KERAS_BACKEND is {keras.backend.backend()!r}\n"
+        )
+        sys.exit(2)
+    # Each case builds fresh tf.functions on purpose; TF's retracing warning
+    # about functions created in a loop would only be noise here.
+    tf.get_logger().setLevel("ERROR")
+    return keras, tf
+
+
+def _hand_projected_layer_class(keras):
+    """A layer with hand-written einsum projections around the fused op."""
+
+    class HandProjectedAttention(keras.layers.Layer):
+        """Q/K/V/O einsums around `keras.ops.dot_product_attention`.
+
+        Kernel shapes match `ScaledDotProductAttention` and
+        `MultiHeadAttention`: `(D, H, key_dim)` for Q, K and V and
+        `(H, key_dim, D)` for the output.
+        """
+
+        def __init__(self, num_heads, key_dim, use_bias, **kwargs):
+            super().__init__(**kwargs)
+            self.num_heads = num_heads
+            self.key_dim = key_dim
+            self.use_bias = use_bias
+
+        def build(self, input_shape):
+            width = input_shape[-1]
+            heads, key_dim = self.num_heads, self.key_dim
+            for name in ("query", "key", "value"):
+                setattr(
+                    self,
+                    f"{name}_kernel",
+                    self.add_weight(
+                        name=f"{name}_kernel", shape=(width, heads, key_dim)
+                    ),
+                )
+                if self.use_bias:
+                    setattr(
+                        self,
+                        f"{name}_bias",
+                        self.add_weight(
+                            name=f"{name}_bias",
+                            shape=(heads, key_dim),
+                            initializer="zeros",
+                        ),
+                    )
+            self.output_kernel = self.add_weight(
+                name="output_kernel", shape=(heads, key_dim, width)
+            )
+            if self.use_bias:
+                self.output_bias = self.add_weight(
+                    name="output_bias", shape=(width,), initializer="zeros"
+                )
+
+        def call(self, inputs):
+            ops = keras.ops
+            q = ops.einsum("btd,dhk->bthk", inputs, self.query_kernel)
+            k = ops.einsum("bsd,dhk->bshk", inputs, self.key_kernel)
+            v = ops.einsum("bsd,dhk->bshk", inputs, self.value_kernel)
+            if self.use_bias:
+                q = q + self.query_bias
+                k = k + self.key_bias
+                v = v + self.value_bias
+            attended = ops.dot_product_attention(
+                q, k, v, scale=1.0 / self.key_dim**0.5
+            )
+            output = ops.einsum("bthk,hko->bto", attended, self.output_kernel)
+            if self.use_bias:
+                output = output + self.output_bias
+            return output
+
+    return HandProjectedAttention
+
+
+def _weights_in_order(ours, use_bias):
+    """Our layer's weights in the order Q, K, V, O (kernel then bias)."""
+    names = []
+    for name in ("query", "key", "value", "output"):
+        names.append(f"{name}_kernel")
+        if use_bias:
+            names.append(f"{name}_bias")
+    return [getattr(ours, name) for name in names]
+
+
+def build_peers(keras, args, seq_len, heads):
+    """Builds the peers for one (seq_len, heads) case with shared weights.
+
+    Returns:
+        A dict peer name -> callable `layer(x)`, in table order, and the
+        layers' trainable variables under the same names.
+    """
+    from keras_attention import ScaledDotProductAttention
+
+    use_bias = args.use_bias == "on"
+    shape = (args.batch, seq_len, args.width)
+    ours = {}
+    for implementation in args.implementations:
+        layer = ScaledDotProductAttention(
+            key_dim=args.key_dim,
+            num_heads=heads,
+            output_dim=args.width,
+            use_bias=use_bias,
+            implementation=implementation,
+            name=f"ours_{implementation}",
+        )
+        layer.build(shape)
+        ours[implementation] = layer
+    reference = next(iter(ours.values()))
+    values = [w.numpy() for w in _weights_in_order(reference, use_bias)]
+    for layer in ours.values():
+        for variable, value in zip(_weights_in_order(layer, use_bias), values):
+            variable.assign(value)
+
+    mha = keras.layers.MultiHeadAttention(
+        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="mha"
+    )
+    mha.build(shape, shape)
+    mha_weights = []
+    for dense in (
+        mha.query_dense,
+        mha.key_dense,
+        mha.value_dense,
+        mha.output_dense,
+    ):
+        mha_weights.append(dense.kernel)
+        if use_bias:
+            mha_weights.append(dense.bias)
+    for variable, value in zip(mha_weights, values):
+        variable.assign(value)
+
+    dpa = _hand_projected_layer_class(keras)(
+        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="dpa"
+    )
+    dpa.build(shape)
+    for variable, value in zip(_weights_in_order(dpa, use_bias), values):
+        variable.assign(value)
+
+    peers = {f"ours-{name}": layer for name, layer in ours.items()}
+    peers["mha"] = mha
+    peers["dpa"] = dpa
+    return peers
+
+
+def _call(name, layer, x):
+    if name == "mha":
+        return layer(x, x)
+    return layer(x)
+
+
+def check_peers_agree(keras, peers, x):
+    """Exits with an error if the peers disagree on a short prefix of `x`."""
+    import numpy as np
+
+    prefix = x[:, : min(x.shape[1], 64)]
+    outputs = {
+        name: keras.ops.convert_to_numpy(_call(name, layer, prefix))
+        for name, layer in peers.items()
+    }
+    reference = outputs["mha"]
+    tolerance = 1e-4 * max(1.0, float(np.max(np.abs(reference))))
+    for name, output in outputs.items():
+        error = float(np.max(np.abs(output - reference)))
+        if not error <= tolerance:
+            sys.stderr.write(
+                f"bench_layer.py: error: peer {name} differs from "
+                f"MultiHeadAttention by {error:.3g} (> {tolerance:.3g}); "
+                "the timings would not compare the same computation\n"
+            )
+            sys.exit(1)
+
+
+def make_step(tf, name, layer, jit):
+    """One `tf.function`: loss = sum(output) and all its gradients."""
+    variables = list(layer.trainable_variables)
+
+    @tf.function(jit_compile=jit, reduce_retracing=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(_call(name, layer, x))
+        gradients = tape.gradient(loss, variables + [x])
+        # A scalar that depends on every gradient: fetching it waits for the
+        # whole backward pass, also on asynchronous devices.
+        return tf.add_n([tf.reduce_sum(g) for g in gradients])
+
+    return step
+
+
+def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
+    """Median milliseconds per step of each peer, peers interleaved.
+
+    Each repeat times a few back-to-back calls of every peer (the same count
+    for all of them, enough for about `SAMPLE_SECONDS`), so short steps are
+    not lost in timer and scheduler noise.
+    """
+    steps = {name: make_step(tf, name, layer, jit) for name, layer in peers.items()}
+    slowest = 0.0
+    for step in steps.values():
+        for _ in range(warmup):
+            start = clock()
+            step(x).numpy()
+            elapsed = clock() - start
+        slowest = max(slowest, elapsed)
+    calls = max(1, int(SAMPLE_SECONDS / slowest))
+    times = {name: [] for name in steps}
+    names = list(steps)
+    for repeat in range(repeats):
+        # Rotate the order so no peer always runs right after the same one.
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            step = steps[name]
+            start = clock()
+            for _ in range(calls):
+                step(x).numpy()
+            elapsed = clock() - start
+            times[name].append(1000.0 * elapsed / calls)
+    return {name: statistics.median(values) for name, values in times.items()}, calls
+
+
+def _repeats_per_length(rows):
+    seen = {}
+    for row in rows:
+        seen.setdefault(row["seq_len"], (row["repeats"], row["warmup"]))
+    return [(n, r, w) for n, (r, w) in seen.items()]
+
+
+def format_table(args, rows, header_lines):
+    columns = (
+        "seq_len",
+        "heads",
+        "jit",
+        "impl",
+        "ours ms",
+        "MHA ms",
+        "dpa ms",
+        "ours/MHA",
+        "ours/dpa",
+    )
+    widths = (7, 5, 3, 8, 9, 9, 9, 8, 8)
+    lines = list(header_lines)
+    lines.append("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        cells = (
+            str(row["seq_len"]),
+            str(row["heads"]),
+            "on" if row["jit"] else "off",
+            row["impl"],
+            f"{row['ours']:.2f}",
+            f"{row['mha']:.2f}",
+            f"{row['dpa']:.2f}",
+            f"{row['ours'] / row['mha']:.3f}",
+            f"{row['ours'] / row['dpa']:.3f}",
+        )
+        lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    keras, tf = _import_backend(args.threads)
+    keras.utils.set_random_seed(0)
+
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    rows = []
+    for seq_len in args.seq_lens:
+        defaults = SHORT_DEFAULTS if seq_len <= LONG_SEQUENCE else LONG_DEFAULTS
+        repeats = args.repeats or defaults["repeats"]
+        warmup = args.warmup or defaults["warmup"]
+        x = tf.random.stateless_normal(
+            (args.batch, seq_len, args.width), seed=(1, seq_len)
+        )
+        for heads in args.heads:
+            peers = build_peers(keras, args, seq_len, heads)
+            check_peers_agree(keras, peers, x)
+            for jit in JIT_MODES[args.jit]:
+                medians, calls = time_case(
+                    tf, peers, x, jit, warmup, repeats, clock
+                )
+                for implementation in args.implementations:
+                    row = {
+                        "seq_len": seq_len,
+                        "heads": heads,
+                        "jit": jit,
+                        "impl": implementation,
+                        "ours": medians[f"ours-{implementation}"],
+                        "mha": medians["mha"],
+                        "dpa": medians["dpa"],
+                        "repeats": repeats,
+                        "warmup": warmup,
+                    }
+                    rows.append(row)
+                    print(
+                        f"# seq_len={seq_len} heads={heads} "
+                        f"jit={'on' if jit else 'off'} {implementation}: "
+                        f"ours {row['ours']:.2f} ms, MHA {row['mha']:.2f} ms, "
+                        f"dpa {row['dpa']:.2f} ms "
+                        f"({repeats} repeats of {calls} calls)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    header = [
+        "Forward+backward step (loss = sum(output); gradients w.r.t. all "
+        "trainable weights and the input), self-attention, float32, no "
+        "dropout.",
+        f"batch {args.batch}, width {args.width}, key_dim {args.key_dim}, "
+        f"use_bias={args.use_bias == 'on'} on all peers, "
+        f"ours output_dim={args.width}.",
+        "ours = keras_attention.ScaledDotProductAttention(implementation="
+        "impl); MHA = keras.layers.MultiHeadAttention; dpa = hand einsum "
+        "projections + keras.ops.dot_product_attention.",
+        "Median of the repeats (each the mean of back-to-back calls lasting "
+        f"~{SAMPLE_SECONDS:g} s), peers interleaved, after warm-up calls "
+        "(repeats/warm-up per seq_len: "
+        + ", ".join(
+            f"{n}: {r}/{w}" for n, r, w in _repeats_per_length(rows)
+        )
+        + ").",
+        f"TF {tf.__version__}, Keras {keras.__version__}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"GPUs: {len(tf.config.list_physical_devices('GPU'))}, TF threads "
+        f"{args.threads or 'default'}, clock {args.clock} "
+        f"({'process CPU time' if args.clock == 'cpu' else 'elapsed time'}).",
+        "",
+    ]
+    print(format_table(args, rows, header))
+
+
+if __name__ == "__main__":
+    main()
