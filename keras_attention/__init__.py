@@ -8,6 +8,9 @@ sequence models and synthetic tasks.
 """
 
 from keras_attention.layer import ScaledDotProductAttention
+from keras_attention.models import FactoredEmbedding
+from keras_attention.models import attention_layers
+from keras_attention.models import build_sequence_model
 from keras_attention.layer import record_attention
 from keras_attention.ops import attention_entropy
 from keras_attention.ops import causal_mask
@@ -17,7 +20,10 @@ from keras_attention.ops import scaled_dot_product_attention
 __version__ = "0.1.0"
 
 __all__ = [
+    "FactoredEmbedding",
     "ScaledDotProductAttention",
+    "attention_layers",
+    "build_sequence_model",
     "attention_entropy",
     "causal_mask",
     "masked_softmax",

@@ -37,6 +37,15 @@ def _check_positive_int(value, name, allow_none=False):
         )
 
 
+def _fresh(initializer):
+    """A new instance of `initializer` for each weight.
+
+    A Keras 3 random initializer fixes its seed when it is created, so one
+    instance shared by W_Q, W_K and W_V would make them identical.
+    """
+    return initializer.__class__.from_config(initializer.get_config())
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class ScaledDotProductAttention(keras.layers.Layer):
     """Scaled dot-product attention with learned Q, K, V projections.
@@ -243,7 +252,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=self.kernel_initializer,
+            initializer=_fresh(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint,
         )
@@ -252,7 +261,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=self.bias_initializer,
+            initializer=_fresh(self.bias_initializer),
             regularizer=self.bias_regularizer,
             constraint=self.bias_constraint,
         )

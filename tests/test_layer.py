@@ -509,6 +509,20 @@ def test_symbolic_call_and_compute_output_shape():
     assert projected.compute_output_shape((2, 3, 5)) == (2, 3, 11)
 
 
+@pytest.mark.parametrize(
+    "initializer", ["glorot_uniform", keras.initializers.RandomNormal(stddev=0.1)]
+)
+def test_projection_kernels_are_independent_draws(initializer):
+    layer = ScaledDotProductAttention(
+        key_dim=4, num_heads=2, kernel_initializer=initializer, use_bias=True,
+        bias_initializer="random_normal",
+    )
+    layer(randn(1, 3, 8))
+    q, k, v = (to_np(w) for w in (layer.query_kernel, layer.key_kernel, layer.value_kernel))
+    assert np.abs(q - k).max() > 1e-3 and np.abs(q - v).max() > 1e-3
+    assert np.abs(to_np(layer.query_bias) - to_np(layer.key_bias)).max() > 1e-3
+
+
 def test_weight_shapes_and_state_made_in_build():
     layer = ScaledDotProductAttention(
         key_dim=4, num_heads=3, value_dim=5, output_dim=7, use_bias=True,
