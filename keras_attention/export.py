@@ -1,0 +1,345 @@
+"""Export a token model as a TensorFlow SavedModel, a `.keras` file or TFLite.
+
+`export_model(model, path)` writes a SavedModel that serves without this
+package or Keras: plain `tf.saved_model.load(path)` in any TensorFlow process
+runs it. It has two signatures, both taking int32 `tokens` `(B, T)`:
+
+- `serving_default` returns `logits` (float32 `(B, T, C)`) and `predictions`
+  (int32, the argmax of the logits over classes);
+- `attention` returns the attention weights `(B, H, T, S)` of every
+  `ScaledDotProductAttention` layer, keyed by layer name (`attention_0`,
+  ...), so a served model can show where it attends.
+
+`format="keras"` writes the native Keras file instead (load it with
+`keras.saving.load_model` after `import keras_attention`), and
+`format="tflite"` converts the SavedModel to a TensorFlow Lite flat buffer
+with the same two signatures.
+
+Every format is written to a temporary path beside `path` and renamed into
+place only once complete, so an interrupted export never leaves a partial
+model at `path`, and an existing model is replaced only with
+`overwrite=True`.
+"""
+
+import os
+import shutil
+import tempfile
+
+import keras
+
+from keras_attention.layer import ScaledDotProductAttention
+from keras_attention.layer import record_attention
+
+FORMATS = ("saved_model", "keras", "tflite")
+SERVING_SIGNATURE = "serving_default"
+ATTENTION_SIGNATURE = "attention"
+TOKENS = "tokens"
+LOGITS = "logits"
+PREDICTIONS = "predictions"
+
+_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+
+
+def export_model(model, path, format="saved_model", overwrite=False):
+    """Exports a token-to-logits model to `path`.
+
+    Args:
+        model: a Keras model with one integer input `(B, T)` of token ids and
+            one output `(B, T, C)` of logits, such as the models of
+            `keras_attention.models.build_sequence_model`. `T` may be `None`
+            (variable length); the signatures then accept any length.
+        path: where to write: a directory for `"saved_model"`, a file for
+            `"keras"` (its name must end in `.keras`) and `"tflite"`.
+            Missing parent directories are created.
+        format: `"saved_model"` (default), `"keras"` or `"tflite"`.
+        overwrite: replace an existing model at `path`. Without it an
+            existing `path` is an error and is left untouched. Even with it,
+            a directory that is not a SavedModel is never replaced.
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        ValueError: on a model that does not map tokens to logits, an
+            unknown `format`, a `path` that exists (without `overwrite`), is
+            not writable or does not suit the format, or when Keras does not
+            run on the TensorFlow backend (SavedModel and TFLite only).
+
+    Example:
+
+    >>> model = build_sequence_model(vocab_size=12, seq_len=8)
+    >>> export_model(model, "/tmp/reverse_model")
+    >>> import tensorflow as tf
+    >>> served = tf.saved_model.load("/tmp/reverse_model")
+    >>> served.signatures["serving_default"](tokens=tokens)["predictions"]
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            f"`model` must be a keras.Model; received {type(model).__name__}."
+        )
+    if format not in FORMATS:
+        raise ValueError(
+            f"`format` must be one of {FORMATS}; received {format!r}."
+        )
+    if not isinstance(overwrite, bool):
+        raise ValueError(
+            f"`overwrite` must be True or False; received {overwrite!r}."
+        )
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"`path` must be a non-empty path; received {path!r}.")
+    path = os.path.abspath(os.fspath(path))
+    _check_token_model(model)
+    if format != "keras" and keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f'format="{format}" needs the TensorFlow backend of Keras; the '
+            f'backend is "{keras.backend.backend()}". Use format="keras".'
+        )
+    check_export_target(path, format, overwrite)
+
+    staging = _make_staging_directory(path)
+    try:
+        if format == "saved_model":
+            _write_saved_model(model, staging)
+            written = staging
+        elif format == "keras":
+            written = os.path.join(staging, "model.keras")
+            model.save(written)
+        else:
+            saved_model = os.path.join(staging, "saved_model")
+            signature_keys = _write_saved_model(model, saved_model)
+            written = os.path.join(staging, "model.tflite")
+            with open(written, "wb") as handle:
+                handle.write(_convert_to_tflite(saved_model, signature_keys))
+        _move_into_place(written, path, overwrite)
+    finally:
+        # On success only leftovers remain (the SavedModel a TFLite file was
+        # converted from); on failure the half-written model goes.
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def serving_module(model):
+    """A `tf.Module` serving `model` through the two export signatures.
+
+    Its `serving_default` and `attention` attributes are `tf.function`s with
+    an input signature of int32 `tokens` `(None, T)` (`T` from the model's
+    input, `None` when the model takes any length). The module tracks the
+    model's variables as plain `tf.Variable`s, not the Keras objects, so a
+    SavedModel of it loads without Keras.
+
+    Args:
+        model: a token-to-logits Keras model (see `export_model`).
+
+    Returns:
+        A tuple `(module, signatures)`: the module, and the dict of concrete
+        functions to pass as `signatures` to `tf.saved_model.save`.
+
+    Example:
+
+    >>> module, signatures = serving_module(model)
+    >>> tf.saved_model.save(module, "/tmp/served", signatures=signatures)
+    """
+    import tensorflow as tf
+
+    sequence_length = _check_token_model(model)
+    spec = tf.TensorSpec((None, sequence_length), tf.int32, name=TOKENS)
+    input_dtype = keras.backend.standardize_dtype(model.inputs[0].dtype)
+
+    def serving_default(tokens):
+        logits = model(tf.cast(tokens, input_dtype), training=False)
+        logits = tf.cast(logits, tf.float32)
+        predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {LOGITS: logits, PREDICTIONS: predictions}
+
+    def attention(tokens):
+        with record_attention(model) as records:
+            model(tf.cast(tokens, input_dtype), training=False)
+        return {
+            name: tf.cast(record["weights"], tf.float32)
+            for name, record in records.items()
+        }
+
+    module = tf.Module(name=f"{model.name}_serving")
+    # Not named `serve`: the TFLite converter takes a SavedModel with a
+    # `serve` attribute for a `model.export` artifact and keeps only that.
+    module.serving_default = tf.function(serving_default, input_signature=[spec])
+    signatures = {
+        SERVING_SIGNATURE: module.serving_default.get_concrete_function()
+    }
+    if _has_attention_layers(model):
+        module.attention = tf.function(attention, input_signature=[spec])
+        signatures[ATTENTION_SIGNATURE] = (
+            module.attention.get_concrete_function()
+        )
+    # Track exactly the variables the traced functions read, as the
+    # `tf.Variable`s they capture: they are restored without Keras, and the
+    # TFLite converter can fold them into constants.
+    captured = {}
+    for function in signatures.values():
+        for variable in function.variables:
+            captured[id(variable)] = variable
+    module.model_variables = list(captured.values())
+    return module, signatures
+
+
+# ----------------------------------------------------------------- checks
+def _check_token_model(model):
+    """Returns the model's sequence length `T` (or `None`) after checking
+    that it maps one `(B, T)` integer input to one rank-3 output."""
+    try:
+        inputs, outputs = model.inputs, model.outputs
+    except (AttributeError, ValueError):
+        inputs = outputs = None
+    if not inputs or not outputs:
+        raise ValueError(
+            "`model` must be built with a known input, such as a functional "
+            "model from `keras.Input`; it has no defined inputs/outputs."
+        )
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(
+            "`model` must have one input (token ids) and one output "
+            f"(logits); it has {len(inputs)} inputs and {len(outputs)} "
+            "outputs."
+        )
+    token_input, logits = inputs[0], outputs[0]
+    if len(token_input.shape) != 2 or "int" not in keras.backend.standardize_dtype(
+        token_input.dtype
+    ):
+        raise ValueError(
+            "`model` must take integer token ids of shape (batch, length); "
+            f"its input has shape {tuple(token_input.shape)} and dtype "
+            f"{token_input.dtype}."
+        )
+    if len(logits.shape) != 3:
+        raise ValueError(
+            "`model` must return logits of shape (batch, length, classes); "
+            f"its output has shape {tuple(logits.shape)}."
+        )
+    return token_input.shape[1]
+
+
+def _has_attention_layers(model):
+    return any(
+        isinstance(layer, ScaledDotProductAttention)
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+    )
+
+
+def _is_saved_model(path):
+    return os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, name)) for name in _SAVED_MODEL_FILES
+    )
+
+
+def check_export_target(path, format="saved_model", overwrite=False):
+    """Checks, touching nothing, that `export_model` may write `path`.
+
+    Args:
+        path: the export path.
+        format: the export format (see `export_model`).
+        overwrite: whether an existing model at `path` may be replaced.
+
+    Raises:
+        ValueError: when `path` does not suit `format`, exists (without
+            `overwrite`), is a directory other than a SavedModel, or lies
+            under an existing file.
+
+    Example:
+
+    >>> check_export_target("/tmp/model.keras", format="keras")
+    """
+    path = os.path.abspath(os.fspath(path))
+    if format == "keras" and not path.endswith(".keras"):
+        raise ValueError(
+            f'`path` must end in ".keras" for format="keras"; received {path}.'
+        )
+    ancestor = os.path.dirname(path)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(
+            f"`path` {path} is not writable: {ancestor} is not a directory."
+        )
+    if not os.path.lexists(path):
+        return
+    if not overwrite:
+        raise ValueError(
+            f"`path` {path} already exists; pass overwrite=True to replace it."
+        )
+    if os.path.isdir(path) and not _is_saved_model(path):
+        raise ValueError(
+            f"`path` {path} is a directory that holds no SavedModel; "
+            "refusing to replace it even with overwrite=True."
+        )
+
+
+# ------------------------------------------------------------------ writes
+def _make_staging_directory(path):
+    """Creates the temporary directory beside `path` that the export is
+    written to, and any missing parent directories."""
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(
+            prefix=f".{os.path.basename(path)}.tmp-", dir=parent
+        )
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ValueError(
+            f"`path` {path} is not writable: cannot create a directory in "
+            f"{parent} ({reason})."
+        ) from None
+
+
+def _write_saved_model(model, directory):
+    """Writes the SavedModel of `serving_module(model)`; returns its
+    signature keys."""
+    import tensorflow as tf
+
+    module, signatures = serving_module(model)
+    tf.saved_model.save(module, directory, signatures=signatures)
+    return list(signatures)
+
+
+def _convert_to_tflite(saved_model_dir, signature_keys):
+    """Converts a SavedModel of `serving_module` to a TFLite flat buffer.
+
+    Conversion goes through the SavedModel because the converter's direct
+    Keras 3 entry point (`from_keras_model`) fails on TF >= 2.16
+    (tensorflow/tensorflow#63867).
+    """
+    import tensorflow as tf
+
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        saved_model_dir, signature_keys=signature_keys
+    )
+    return converter.convert()
+
+
+def _move_into_place(source, path, overwrite):
+    """Renames the finished export `source` to `path`.
+
+    A file replaces a file in one atomic rename. An existing directory
+    cannot be replaced that way: it is first renamed aside, then the new
+    model is renamed in and the old one deleted, and on failure the old one
+    is renamed back.
+    """
+    if not os.path.isdir(path) or os.path.islink(path):
+        if os.path.lexists(path) and os.path.isdir(source):
+            os.remove(path)  # A file (or link) making way for a SavedModel.
+        os.replace(source, path)
+        return
+    assert overwrite  # `check_export_target` refused this otherwise.
+    aside = tempfile.mkdtemp(
+        prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path)
+    )
+    old = os.path.join(aside, "model")
+    os.rename(path, old)
+    try:
+        os.rename(source, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)

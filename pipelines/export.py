@@ -1,0 +1,165 @@
+"""Export a trained run's model: SavedModel (default), .keras or TFLite.
+
+    keras-attention export --logdir runs/reverse --out exported/reverse
+    keras-attention export --logdir runs/reverse --out reverse.tflite
+
+The model is the run's `model.keras` when the run finished, else the latest
+checkpoint in `checkpoints/` (a run still training or killed). Without
+`--format` the format follows the name of `--out`: `.keras` writes the Keras
+file, `.tflite` a TensorFlow Lite model, anything else a SavedModel
+directory with the signatures `serving_default` (tokens -> logits,
+predictions) and `attention` (tokens -> each attention layer's weights).
+
+The export is written beside `--out` and renamed into place when complete;
+an existing `--out` is replaced only with `--overwrite`.
+"""
+
+import os
+
+from keras_attention.export import FORMATS
+from pipelines.common import UsageError
+
+_SUFFIX_FORMATS = {".keras": "keras", ".tflite": "tflite"}
+
+
+def add_arguments(parser):
+    """Adds the `export` flags."""
+    parser.add_argument(
+        "--logdir", required=True, metavar="DIR",
+        help="directory of a training run (finished or checkpointed)",
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="PATH",
+        help="where to write the exported model",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default=None,
+        help="export format (default: from the --out suffix, .keras or "
+        ".tflite, else saved_model)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an existing model at --out",
+    )
+
+
+def run(args):
+    """Runs `keras-attention export` for parsed `args`; returns 0."""
+    path, format = export_run(
+        args.logdir, args.out, format=args.format, overwrite=args.overwrite
+    )
+    print(f"exported {format} model of {args.logdir} to {path}")
+    return 0
+
+
+def resolve_format(path, format=None):
+    """The export format: `format`, or when `None` the one `path`'s suffix
+    names (`.keras`, `.tflite`), else `"saved_model"`.
+
+    Raises:
+        UsageError: on an unknown format.
+    """
+    if format is None:
+        suffix = os.path.splitext(os.fspath(path))[1].lower()
+        return _SUFFIX_FORMATS.get(suffix, "saved_model")
+    if format not in FORMATS:
+        raise UsageError(
+            f"--format must be one of {', '.join(FORMATS)}; got {format!r}"
+        )
+    return format
+
+
+def check_out_path(path, format=None, overwrite=False):
+    """Checks, touching nothing, that an export may write `path`.
+
+    Meant to run before any expensive work (`train --export` calls it before
+    training).
+
+    Args:
+        path: the `--out` (or `--export`) path.
+        format: the export format, or `None` to follow the suffix of `path`.
+        overwrite: whether an existing model at `path` may be replaced.
+
+    Returns:
+        The resolved format.
+
+    Raises:
+        UsageError: on an unknown format, an existing `path` without
+            `overwrite`, or a `path` that cannot be written.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise UsageError(f"--out must be a path; got {path!r}")
+    format = resolve_format(path, format)
+    from keras_attention.export import check_export_target
+
+    try:
+        check_export_target(path, format, overwrite)
+    except ValueError as error:
+        raise UsageError(_command_line_wording(error)) from None
+    return format
+
+
+def export_run(run_dir, path, format=None, overwrite=False):
+    """Exports the model of the training run in `run_dir` to `path`.
+
+    Args:
+        run_dir: a directory written by `keras-attention train`.
+        path: the export path.
+        format: `"saved_model"`, `"keras"`, `"tflite"`, or `None` to follow
+            the suffix of `path` (see `resolve_format`).
+        overwrite: replace an existing model at `path`.
+
+    Returns:
+        The tuple `(absolute path written, format)`.
+
+    Raises:
+        UsageError: on a missing or corrupt run directory, an unknown
+            format, or a `path` that exists (without `overwrite`) or cannot
+            be written. Nothing is written then.
+
+    Example:
+
+    >>> export_run("runs/reverse", "exported/reverse")
+    """
+    format = check_out_path(path, format, overwrite)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"--logdir {run_dir} is not a directory")
+    model = _restore(run_dir)
+
+    from keras_attention.export import export_model
+
+    try:
+        written = export_model(model, path, format=format, overwrite=overwrite)
+    except ValueError as error:
+        raise UsageError(_command_line_wording(error)) from None
+    return written, format
+
+
+def _restore(run_dir):
+    """The run's model; any failure to read it is a `UsageError`."""
+    from pipelines.train import restore_model
+
+    try:
+        return restore_model(run_dir)
+    except UsageError:
+        raise
+    except Exception as error:  # Corrupt files fail in many ways.
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if len(reason) > 200:
+            reason = reason[:197] + "..."
+        raise UsageError(
+            f"--logdir {run_dir}: cannot restore the run's model "
+            f"({type(error).__name__}: {reason})"
+        ) from None
+
+
+def _command_line_wording(error):
+    """A library `ValueError` message in the command line's terms, on one
+    line."""
+    message = " ".join(str(error).split())
+    return (
+        message.replace("`path`", "--out")
+        .replace("overwrite=True", "--overwrite")
+        .replace("`format`", "--format")
+        .rstrip(".")
+    )
