@@ -43,6 +43,7 @@ Outputs, all under `--logdir`:
 them in the HParams dashboard.
 """
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -519,28 +520,59 @@ def is_complete(spec):
 
 
 # ------------------------------------------------------------ training
-def _train_in_process(spec):
+@contextlib.contextmanager
+def _comparison_hparams():
+    """HParams of runs trained as part of a comparison.
+
+    A training run writes its own HParams experiment and names its session
+    after its arm. In a comparison both are wrong: TensorBoard reads one
+    experiment per log directory (it picks an arbitrary one when several
+    runs declare one, so the comparison's metrics could go missing), and
+    sessions sharing a name are merged into one row (every seed and key_dim
+    of an arm would collapse together). While this context is active, runs
+    declare no experiment (the comparison writes it once, at its root) and
+    each session is its own group.
+    """
+    from tensorboard.plugins.hparams import api as hp
+
+    original_config, original_hparams = hp.hparams_config, hp.hparams
+
+    def no_experiment(*args, **kwargs):
+        return True
+
+    def ungrouped_session(hparams, trial_id=None, start_time_secs=None):
+        # Without a trial id the group is named after the hparam values,
+        # which differ between any two runs of a comparison.
+        return original_hparams(hparams, start_time_secs=start_time_secs)
+
+    hp.hparams_config, hp.hparams = no_experiment, ungrouped_session
+    try:
+        yield
+    finally:
+        hp.hparams_config, hp.hparams = original_config, original_hparams
+
+
+def train_one(config):
+    """Trains one run of a comparison in this process (see
+    `_comparison_hparams`) and returns its metrics."""
     import keras
 
     from pipelines.train import train
 
     try:
-        return train(spec.config)
+        with _comparison_hparams():
+            return train(config)
     finally:
         # Many models in one process: drop Keras' global graph state.
         keras.backend.clear_session()
 
 
+def _train_in_process(spec):
+    return train_one(spec.config)
+
+
 def _subprocess_command(config_path):
-    return [
-        sys.executable,
-        "-m",
-        "pipelines.cli",
-        "train",
-        "--config",
-        config_path,
-        "--quiet",
-    ]
+    return [sys.executable, "-m", "pipelines.compare", config_path]
 
 
 def _train_in_subprocesses(specs, jobs, logdir, report):
@@ -1559,3 +1591,11 @@ def run(args):
           f"({document['wall_time_s']:.0f} s)")
     print(f"TensorBoard: tensorboard --logdir {plan.logdir}")
     return 0
+
+
+if __name__ == "__main__":
+    # `python -m pipelines.compare CONFIG.json`: one run of a comparison,
+    # started by `--jobs N`.
+    with open(sys.argv[1]) as _handle:
+        _config = TrainConfig.from_dict(json.load(_handle), source=sys.argv[1])
+    train_one(_config)

@@ -1,0 +1,492 @@
+"""Tests of `keras-attention compare` on a tiny configuration.
+
+One comparison (scaled vs unscaled, d_k 4 measured at init only, d_k 16
+trained, one seed, 20 steps) is run once per module; the tests read what it
+wrote: the JSON, the report, the event files, the heat maps, and what
+TensorBoard itself serves from that log directory.
+"""
+
+import contextlib
+import glob
+import io
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipelines import cli
+from pipelines import compare
+
+ARMS = ("scaled", "unscaled")
+TRAINED_KEY_DIM = 16
+INIT_ONLY_KEY_DIM = 4
+STEPS = 20
+
+TINY_FLAGS = [
+    "--arms", ",".join(ARMS),
+    "--key-dims", f"{INIT_ONLY_KEY_DIM},{TRAINED_KEY_DIM}",
+    "--train-key-dims", str(TRAINED_KEY_DIM),
+    "--seeds", "1",
+    "--steps", str(STEPS),
+    "--d-model", "16",
+    "--num-pairs", "4",
+    "--num-keys", "8",
+    "--num-values", "4",
+    "--eval-every", "10",
+    "--diagnostics-every", "10",
+    "--checkpoint-every", "10",
+    "--heldout-size", "64",
+    "--probe-size", "8",
+    "--variance-samples", "2000",
+]
+
+SUMMARY_KEYS = {
+    "score_std", "entropy", "entropy_normalized", "max_weight",
+    "saturated_fraction", "grad_norm_query", "grad_norm_key",
+    "grad_norm_scores",
+}
+
+
+def _run_cli(argv, capsys):
+    status = cli.main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    """Runs the tiny comparison once; returns (logdir, stdout, document)."""
+    logdir = str(tmp_path_factory.mktemp("compare") / "runs")
+    # capsys is function-scoped; a module fixture captures by hand.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(["compare", *TINY_FLAGS, "--logdir", logdir])
+    assert status == 0
+    with open(os.path.join(logdir, "comparison.json")) as handle:
+        document = json.load(handle)
+    return logdir, out.getvalue(), document
+
+
+def _event_scalars(directory):
+    """`{tag: {step: value}}` of the scalar summaries in `directory`, read
+    straight from the event files."""
+    values = {}
+    for path in sorted(glob.glob(os.path.join(directory,
+                                              "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.HasField("tensor"):
+                    array = tf.make_ndarray(value.tensor)
+                    if array.shape == () and array.dtype.kind == "f":
+                        values.setdefault(value.tag, {})[event.step] = float(
+                            array
+                        )
+    return values
+
+
+def _report_table(report, key_dim, trained=True):
+    """`{row label: {arm: cell text}}` of the report's table for `key_dim`."""
+    heading = f"### d_k = {key_dim}" + ("" if trained else " (init only)")
+    lines = report.splitlines()
+    start = lines.index(heading)
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    rows = {}
+    for line in table[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header[1:], cells[1:]))
+    return rows
+
+
+def _close_to_cell(cell, value):
+    """Whether a report cell shows `value` to its printed precision."""
+    digits = len(cell.split(".")[1]) if "." in cell else 0
+    return abs(float(cell) - value) <= 0.5 * 10 ** (-digits) + 1e-12
+
+
+def test_writes_every_output_with_the_schema(comparison):
+    logdir, stdout, document = comparison
+    assert document["task"] == "recall"
+    runs = document["runs"]
+    assert sorted((r["arm"], r["key_dim"], r["seed"]) for r in runs) == [
+        (arm, TRAINED_KEY_DIM, 0) for arm in sorted(ARMS)
+    ]
+    for record in runs:
+        assert 0.0 <= record["final_accuracy"] <= 1.0
+        assert record["steps_to_target"] is None or (
+            0 <= record["steps_to_target"] <= STEPS
+        )
+        assert set(record["init"]) == SUMMARY_KEYS
+        assert set(record["final"]) == SUMMARY_KEYS
+        assert all(math.isfinite(v) for v in record["init"].values())
+        run_dir = os.path.join(
+            logdir, f"{record['arm']}-dk{TRAINED_KEY_DIM}-seed0"
+        )
+        for name in ("config.json", "metrics.json", "model.keras"):
+            assert os.path.exists(os.path.join(run_dir, name)), name
+        for name in ("checkpoints", "train", "eval", "compare"):
+            assert os.path.isdir(os.path.join(run_dir, name)), name
+    assert sorted(
+        (r["arm"], r["key_dim"]) for r in document["init_only"]
+    ) == [(arm, INIT_ONLY_KEY_DIM) for arm in sorted(ARMS)]
+    assert [row["key_dim"] for row in document["variance"]] == [
+        INIT_ONLY_KEY_DIM, TRAINED_KEY_DIM
+    ]
+
+    report = open(os.path.join(logdir, "comparison.md")).read()
+    for key_dim, trained in ((TRAINED_KEY_DIM, True),
+                             (INIT_ONLY_KEY_DIM, False)):
+        table = _report_table(report, key_dim, trained)
+        assert set(table["init: score std"]) == set(ARMS)
+    for claim in ("Claim 1.", "Claim 2.", "Claim 3."):
+        assert f"**{claim}" in report
+    # Heat maps: init and final per arm at the largest key_dim, linked.
+    assert len(document["heatmaps"]) == 2 * len(ARMS)
+    for item in document["heatmaps"]:
+        path = os.path.join(logdir, item["path"])
+        with open(path, "rb") as handle:
+            assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert f"]({item['path']})" in report
+    # The command prints the tables and how to open TensorBoard.
+    assert f"tensorboard --logdir {logdir}" in stdout
+    assert "| final held-out accuracy |" in stdout
+
+
+def test_report_numbers_equal_event_files_and_json(comparison):
+    logdir, _, document = comparison
+    report = open(os.path.join(logdir, "comparison.md")).read()
+    table = _report_table(report, TRAINED_KEY_DIM)
+    for record in document["runs"]:
+        arm = record["arm"]
+        run_dir = os.path.join(logdir, f"{arm}-dk{TRAINED_KEY_DIM}-seed0")
+        events = _event_scalars(os.path.join(run_dir, "eval"))
+        final_step = max(events["accuracy"])
+        assert final_step == STEPS
+        accuracy = events["accuracy"][final_step]
+        assert record["final_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+        assert _close_to_cell(table["final held-out accuracy"][arm], accuracy)
+        for label, key in (("score std", "score_std"),
+                           ("entropy / log(keys)", "entropy_normalized"),
+                           ("max weight", "max_weight")):
+            initial = events[f"attention/mean/{key}"][0]
+            final = events[f"attention/mean/{key}"][STEPS]
+            assert record["init"][key] == pytest.approx(initial, rel=1e-5)
+            assert record["final"][key] == pytest.approx(final, rel=1e-5)
+            assert _close_to_cell(table[f"init: {label}"][arm], initial)
+            assert _close_to_cell(table[f"final: {label}"][arm], final)
+        # The per-run HParams metrics hold the same numbers.
+        hparams_metrics = _event_scalars(os.path.join(run_dir, "compare"))
+        assert hparams_metrics["final_accuracy"][STEPS] == pytest.approx(
+            accuracy, abs=1e-6
+        )
+        assert hparams_metrics["init_score_std"][STEPS] == pytest.approx(
+            record["init"]["score_std"], rel=1e-5
+        )
+    # Claim 1's ratio in the JSON and the report is the runs' ratio.
+    by_arm = {r["arm"]: r for r in document["runs"]}
+    ratio = (by_arm["unscaled"]["init"]["score_std"]
+             / by_arm["scaled"]["init"]["score_std"])
+    (claim_row,) = [
+        row for row in document["claims"]["1"]["score_std_ratios"]
+        if row["key_dim"] == TRAINED_KEY_DIM
+    ]
+    assert claim_row["ratio"] == pytest.approx(ratio, rel=1e-9)
+    assert (
+        f"| {TRAINED_KEY_DIM} | {by_arm['scaled']['init']['score_std']:.3f} "
+        f"| {by_arm['unscaled']['init']['score_std']:.3f} | {ratio:.3f} |"
+    ) in report
+
+
+def test_arms_share_initial_weights_up_to_the_scale(comparison):
+    logdir, _, document = comparison
+    # Identical weights: the unscaled scores are the scaled ones times
+    # sqrt(d_k), exactly, so their std ratio is sqrt(d_k) at every d_k.
+    for key_dim in (INIT_ONLY_KEY_DIM, TRAINED_KEY_DIM):
+        std = {
+            record["arm"]: record["init"]["score_std"]
+            for record in document["runs"] + document["init_only"]
+            if record["key_dim"] == key_dim
+        }
+        assert std["unscaled"] / std["scaled"] == pytest.approx(
+            math.sqrt(key_dim), rel=1e-4
+        )
+
+
+def test_init_only_probe_reproduces_the_runs_initial_state(comparison):
+    logdir, _, document = comparison
+    config = compare.TrainConfig.from_dict(
+        json.load(open(os.path.join(
+            logdir, f"unscaled-dk{TRAINED_KEY_DIM}-seed0", "config.json"
+        )))
+    )
+    diagnostics = compare.probe_at_init(config)
+    (record,) = [r for r in document["runs"] if r["arm"] == "unscaled"]
+    for key in SUMMARY_KEYS:
+        assert diagnostics["summary"][key] == pytest.approx(
+            record["init"][key], rel=1e-4, abs=1e-7
+        ), key
+
+
+def test_rerun_skips_complete_runs_and_resumes_missing_ones(comparison):
+    logdir, _, _ = comparison
+    # A copy, so the other tests keep reading the original.
+    copy = logdir + "-resumed"
+    shutil.copytree(logdir, copy)
+    finished = os.path.join(copy, f"scaled-dk{TRAINED_KEY_DIM}-seed0")
+    stamp = os.path.getmtime(os.path.join(finished, "metrics.json"))
+    missing = f"unscaled-dk{TRAINED_KEY_DIM}-seed0"
+    shutil.rmtree(os.path.join(copy, missing))  # as if interrupted
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["compare", *TINY_FLAGS, "--logdir", copy]) == 0
+    document = json.load(open(os.path.join(copy, "comparison.json")))
+    assert document["trained_now"] == [missing]
+    assert "1 of 2 runs already complete; skipped" in out.getvalue()
+    assert os.path.getmtime(os.path.join(finished, "metrics.json")) == stamp
+    # Same seed, same data, same weights: the retrained run repeats itself.
+    original = json.load(open(os.path.join(logdir, "comparison.json")))
+    before = {r["arm"]: r["final_accuracy"] for r in original["runs"]}
+    after = {r["arm"]: r["final_accuracy"] for r in document["runs"]}
+    assert after == pytest.approx(before, abs=1e-6)
+
+
+def test_run_directory_with_another_config_is_refused(comparison, capsys):
+    logdir, _, _ = comparison
+    flags = list(TINY_FLAGS)
+    flags[flags.index("--d-model") + 1] = "32"
+    status, _, err = _run_cli(["compare", *flags, "--logdir", logdir],
+                              capsys)
+    assert status == 2
+    assert "different config" in err and "d_model" in err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--arms", "scaled,warp"], "known arms: scaled, unscaled, learned"),
+        (["--key-dim", "64"], "--key-dims"),
+        (["--seed", "1"], "--seeds"),
+        (["--scale", "none"], "--arms"),
+        (["--seeds", "0"], "--seeds"),
+        (["--key-dims", "16,abc"], "--key-dims"),
+        (["--jobs", "0"], "--jobs"),
+        (["--preset", "huge"], "--preset"),
+        (["--learning-rate", "-1"], "--learning-rate"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
+    status, out, err = _run_cli(
+        ["compare", *flags, "--logdir", str(tmp_path / "runs")], capsys
+    )
+    assert status == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_presets_and_arms_make_the_planned_runs(tmp_path):
+    parser = cli.build_parser()
+    args = parser.parse_args(["compare", "--logdir", str(tmp_path / "d")])
+    plan = compare.plan_from_args(args)
+    trained = [spec for spec in plan.runs() if spec.trained]
+    assert plan.key_dims == [16, 64, 256, 1024]
+    assert {(s.arm, s.key_dim) for s in trained} == {
+        ("scaled", 1024), ("unscaled", 1024)
+    }
+    assert sorted(s.seed for s in trained) == [0, 0, 1, 1, 2, 2]
+    # The lesson's assumption: unit-variance q, k at init, plain SGD.
+    base = plan.base
+    assert (base.qk_init_std, base.norm, base.optimizer) == ("unit", "pre",
+                                                             "sgd")
+
+    args = parser.parse_args(
+        ["compare", "--arms", ",".join(compare.ARMS), "--key-dims", "256",
+         "--logdir", str(tmp_path / "e")]
+    )
+    plan = compare.plan_from_args(args)
+    configs = {spec.arm: spec.config for spec in plan.runs()}
+    assert configs["unscaled"].scale == "none"
+    assert configs["learned"].scale == "learned"
+    assert configs["qk_norm"].qk_norm and configs["qk_norm"].scale == "sqrt"
+    assert configs["saturated_init"].scale == "sqrt"
+    assert configs["saturated_init"].qk_init_gain == pytest.approx(4.0)
+    assert configs["compensated_init"].scale == "none"
+    assert configs["compensated_init"].qk_init_gain == pytest.approx(0.25)
+    # Everything but the arm is shared.
+    shared = {
+        name: value
+        for name, value in configs["scaled"].to_dict().items()
+        if name not in ("scale", "qk_norm", "qk_init_gain", "arm", "logdir")
+    }
+    for config in configs.values():
+        for name, value in shared.items():
+            assert getattr(config, name) == value, name
+
+    args = parser.parse_args(["compare", "--preset", "full",
+                              "--logdir", str(tmp_path / "f")])
+    plan = compare.plan_from_args(args)
+    assert all(spec.trained for spec in plan.runs())
+    assert set(plan.arms) == set(compare.ARMS)
+
+
+# ---------------------------------------------------------- TensorBoard
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url, data=None):
+    request = urllib.request.Request(
+        url,
+        data=None if data is None else json.dumps(data).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read()
+
+
+def test_tensorboard_serves_scalars_images_and_hparams(comparison):
+    logdir, _, document = comparison
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
+         "--host", "127.0.0.1", "--port", str(port), "--reload_interval",
+         "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runs = [f"{arm}-dk{TRAINED_KEY_DIM}-seed0" for arm in ARMS]
+    try:
+        deadline = time.time() + 150
+        scalar_tags = {}
+        while time.time() < deadline:
+            try:
+                scalar_tags = json.loads(
+                    _get(base + "/data/plugin/scalars/tags")
+                )
+            except OSError:
+                scalar_tags = {}
+            if all(f"{run}/{group}" in scalar_tags
+                   for run in runs for group in ("eval", "compare")):
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"TensorBoard did not load the runs: {scalar_tags}")
+
+        by_arm = {r["arm"]: r for r in document["runs"]}
+        for arm, run in zip(ARMS, runs):
+            assert "accuracy" in scalar_tags[f"{run}/eval"]
+            assert "attention/mean/score_std" in scalar_tags[f"{run}/eval"]
+            query = urllib.parse.urlencode(
+                {"run": f"{run}/eval", "tag": "accuracy"}
+            )
+            series = json.loads(
+                _get(base + "/data/plugin/scalars/scalars?" + query)
+            )
+            # Entries are [wall_time, step, value].
+            assert series[-1][1] == STEPS
+            assert series[-1][2] == pytest.approx(
+                by_arm[arm]["final_accuracy"], abs=1e-6
+            )
+
+        image_tags = json.loads(_get(base + "/data/plugin/images/tags"))
+        for run in runs:
+            tags = image_tags[f"{run}/eval"]
+            tag = "attention/attention_0/heatmap/head0"
+            assert tag in tags
+            query = urllib.parse.urlencode(
+                {"run": f"{run}/eval", "tag": tag, "sample": 0}
+            )
+            images = json.loads(
+                _get(base + "/data/plugin/images/images?" + query)
+            )
+            assert {image["step"] for image in images} >= {0, STEPS}
+            png = _get(base + "/data/plugin/images/individualImage?"
+                       + images[0]["query"])
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+        experiment = json.loads(
+            _get(base + "/data/plugin/hparams/experiment",
+                 {"experimentName": ""})
+        )
+        hparam_names = {info["name"] for info in experiment["hparamInfos"]}
+        assert {"arm", "key_dim", "seed"} <= hparam_names
+        metric_tags = {info["name"]["tag"]
+                       for info in experiment["metricInfos"]}
+        assert {"final_accuracy", "steps_to_target", "init_entropy",
+                "init_score_std"} <= metric_tags
+
+        groups = json.loads(
+            _get(
+                base + "/data/plugin/hparams/session_groups",
+                {
+                    "experimentName": "",
+                    "allowedStatuses": [
+                        "STATUS_UNKNOWN", "STATUS_SUCCESS",
+                        "STATUS_FAILURE", "STATUS_RUNNING",
+                    ],
+                    "colParams": [],
+                    "startIndex": 0,
+                    "sliceSize": 100,
+                },
+            )
+        )["sessionGroups"]
+        seen = {}
+        for group in groups:
+            values = {
+                value["name"]["tag"]: value["value"]
+                for value in group["metricValues"]
+            }
+            seen[group["hparams"]["arm"]] = (group["hparams"], values)
+        assert set(seen) == set(ARMS)
+        for arm, (hparams, values) in seen.items():
+            assert hparams["key_dim"] == TRAINED_KEY_DIM
+            assert values["final_accuracy"] == pytest.approx(
+                by_arm[arm]["final_accuracy"], abs=1e-6
+            )
+            assert values["init_score_std"] == pytest.approx(
+                by_arm[arm]["init"]["score_std"], rel=1e-5
+            )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+def test_parallel_jobs_give_the_same_results(comparison, tmp_path):
+    logdir, _, document = comparison
+    parallel = str(tmp_path / "parallel")
+    assert cli.main(["compare", *TINY_FLAGS, "--jobs", "2",
+                     "--logdir", parallel]) == 0
+    other = json.load(open(os.path.join(parallel, "comparison.json")))
+    accuracy = {r["arm"]: r["final_accuracy"] for r in document["runs"]}
+    assert {r["arm"]: r["final_accuracy"] for r in other["runs"]} == (
+        pytest.approx(accuracy, abs=1e-6)
+    )
+    np.testing.assert_allclose(
+        [r["init"]["score_std"] for r in other["runs"]],
+        [r["init"]["score_std"] for r in document["runs"]],
+        rtol=1e-5,
+    )
