@@ -21,6 +21,8 @@ model at `path`, and an existing model is replaced only with
 `overwrite=True`.
 """
 
+import ctypes
+import errno
 import os
 import shutil
 import tempfile
@@ -146,15 +148,21 @@ def serving_module(model):
     spec = tf.TensorSpec((None, sequence_length), tf.int32, name=TOKENS)
     input_dtype = keras.backend.standardize_dtype(model.inputs[0].dtype)
 
+    def checked(tokens):
+        # A signature's concrete function checks the dtype of its input but
+        # not its shape; check it here, before the model sees the tokens.
+        tokens = tf.ensure_shape(tokens, spec.shape, name="check_tokens_shape")
+        return tf.cast(tokens, input_dtype)
+
     def serving_default(tokens):
-        logits = model(tf.cast(tokens, input_dtype), training=False)
+        logits = model(checked(tokens), training=False)
         logits = tf.cast(logits, tf.float32)
         predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
         return {LOGITS: logits, PREDICTIONS: predictions}
 
     def attention(tokens):
         with record_attention(model) as records:
-            model(tf.cast(tokens, input_dtype), training=False)
+            model(checked(tokens), training=False)
         return {
             name: tf.cast(record["weights"], tf.float32)
             for name, record in records.items()
@@ -320,10 +328,11 @@ def _convert_to_tflite(saved_model_dir, signature_keys):
 def _move_into_place(source, path, overwrite):
     """Renames the finished export `source` to `path`.
 
-    A file replaces a file in one atomic rename. An existing directory
-    cannot be replaced that way: it is first renamed aside, then the new
-    model is renamed in and the old one deleted, and on failure the old one
-    is renamed back.
+    A file replaces a file in one atomic rename. An existing SavedModel
+    directory is swapped with the new one in one atomic exchange where the
+    system offers it (Linux `renameat2`); elsewhere it is renamed aside, the
+    new model renamed in and the old one deleted (on failure it is renamed
+    back).
     """
     if not os.path.isdir(path) or os.path.islink(path):
         if os.path.lexists(path) and os.path.isdir(source):
@@ -331,6 +340,10 @@ def _move_into_place(source, path, overwrite):
         os.replace(source, path)
         return
     assert overwrite  # `check_export_target` refused this otherwise.
+    if _exchange(source, path):
+        # `source` now holds the old model.
+        shutil.rmtree(source, ignore_errors=True)
+        return
     aside = tempfile.mkdtemp(
         prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path)
     )
@@ -343,3 +356,30 @@ def _move_into_place(source, path, overwrite):
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first, second):
+    """Atomically swaps two existing paths; returns `False` where the system
+    cannot (no `renameat2`, or a file system without exchange support)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    status = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
+        _RENAME_EXCHANGE,
+    )
+    if status == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), second)

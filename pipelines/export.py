@@ -33,9 +33,9 @@ def add_arguments(parser):
         help="where to write the exported model",
     )
     parser.add_argument(
-        "--format", choices=FORMATS, default=None,
-        help="export format (default: from the --out suffix, .keras or "
-        ".tflite, else saved_model)",
+        "--format", default=None, metavar="FORMAT",
+        help="saved_model, keras or tflite (default: from the suffix of "
+        "--out, .keras or .tflite, else saved_model)",
     )
     parser.add_argument(
         "--overwrite", action="store_true",
