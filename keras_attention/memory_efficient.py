@@ -19,8 +19,8 @@ This is the one backend-specific module of the package. The block arithmetic
 and mask handling are written with `keras.ops` and shared; the loops and the
 custom gradient are written per backend:
 
-- TensorFlow (main target): `tf.while_loop` / `tf.map_fn` with
-  `tf.custom_gradient`. Works eagerly, inside `tf.function` and with
+- TensorFlow (main target): `tf.while_loop` with `tf.TensorArray` outputs
+  and `tf.custom_gradient`. Works eagerly, inside `tf.function` and with
   `jit_compile=True`.
 - JAX: `jax.lax` loops with `jax.custom_vjp`, running the same blocks.
 
@@ -366,7 +366,7 @@ class _ChunkMasks:
 
 def _block_scores(query_chunk, key_chunk, valid):
     """Scores of one block, `-inf` where masked. Query is pre-scaled."""
-    scores = ops.matmul(query_chunk, ops.swapaxes(key_chunk, -1, -2))
+    scores = ops.einsum("bhqd,bhkd->bhqk", query_chunk, key_chunk)
     if valid is not None:
         scores = ops.where(valid, scores, _NEG_INF)
     return scores
@@ -418,11 +418,12 @@ def _backward_block(
     """
     scores = _block_scores(query_chunk, key_chunk, valid)
     probs = ops.exp(scores - logsumexp[..., None])
-    d_value = ops.matmul(ops.swapaxes(probs, -1, -2), d_output)
-    d_probs = ops.matmul(d_output, ops.swapaxes(value_chunk, -1, -2))
+    # einsum lets the backend fold the transposes into the matmuls.
+    d_value = ops.einsum("bhqk,bhqd->bhkd", probs, d_output)
+    d_probs = ops.einsum("bhqd,bhkd->bhqk", d_output, value_chunk)
     d_scores = probs * (d_probs - delta[..., None])
-    d_query = ops.matmul(d_scores, key_chunk)
-    d_key = ops.matmul(ops.swapaxes(d_scores, -1, -2), query_chunk)
+    d_query = ops.einsum("bhqk,bhkd->bhqd", d_scores, key_chunk)
+    d_key = ops.einsum("bhqk,bhqd->bhkd", d_scores, query_chunk)
     return d_query, d_key, d_value
 
 
@@ -470,7 +471,7 @@ def _clamp_chunk(chunk_size, length):
     return int(chunk_size)
 
 
-# TensorFlow: tf.while_loop / tf.map_fn loops with tf.custom_gradient.
+# TensorFlow: tf.while_loop loops with tf.custom_gradient.
 
 
 def _tf_attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size):
