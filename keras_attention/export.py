@@ -91,11 +91,8 @@ def export_model(model, path, format="saved_model", overwrite=False):
         raise ValueError(f"`path` must be a non-empty path; received {path!r}.")
     path = os.path.abspath(os.fspath(path))
     _check_token_model(model)
-    if format != "keras" and keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            f'format="{format}" needs the TensorFlow backend of Keras; the '
-            f'backend is "{keras.backend.backend()}". Use format="keras".'
-        )
+    if format != "keras":
+        _check_tensorflow_backend(format)
     check_export_target(path, format, overwrite)
 
     staging = _make_staging_directory(path)
@@ -142,6 +139,7 @@ def serving_module(model):
     >>> module, signatures = serving_module(model)
     >>> tf.saved_model.save(module, "/tmp/served", signatures=signatures)
     """
+    _check_tensorflow_backend("saved_model")
     import tensorflow as tf
 
     sequence_length = _check_token_model(model)
@@ -168,7 +166,7 @@ def serving_module(model):
             for name, record in records.items()
         }
 
-    module = tf.Module(name=f"{model.name}_serving")
+    module = tf.Module(name="serving")
     # Not named `serve`: the TFLite converter takes a SavedModel with a
     # `serve` attribute for a `model.export` artifact and keeps only that.
     module.serving_default = tf.function(serving_default, input_signature=[spec])
@@ -192,6 +190,14 @@ def serving_module(model):
 
 
 # ----------------------------------------------------------------- checks
+def _check_tensorflow_backend(format):
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f'format="{format}" needs the TensorFlow backend of Keras; the '
+            f'backend is "{keras.backend.backend()}". Use format="keras".'
+        )
+
+
 def _check_token_model(model):
     """Returns the model's sequence length `T` (or `None`) after checking
     that it maps one `(B, T)` integer input to one rank-3 output."""
@@ -289,9 +295,15 @@ def _make_staging_directory(path):
     parent = os.path.dirname(path)
     try:
         os.makedirs(parent, exist_ok=True)
-        return tempfile.mkdtemp(
+        staging = tempfile.mkdtemp(
             prefix=f".{os.path.basename(path)}.tmp-", dir=parent
         )
+        # `mkdtemp` makes the directory private; a SavedModel renamed from it
+        # gets the permissions of any new directory, for a server's user.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
+        return staging
     except OSError as error:
         reason = error.strerror or str(error)
         raise ValueError(
