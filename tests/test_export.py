@@ -3,11 +3,13 @@
 References are independent of the exporter: the Keras model's own logits,
 attention weights recomputed in numpy from each attention layer's input and
 kernels, and the exported files read back by other programs: a Python
-process that cannot import Keras, `saved_model_cli`, the TFLite interpreter
-and `keras.saving.load_model`.
+process that cannot import Keras or this package (it loads the SavedModel
+with plain TensorFlow and runs `saved_model_cli show --all` in it), the
+TFLite interpreter and `keras.saving.load_model`.
 
-The processes that read the SavedModel start as soon as it is written and
-run while the in-process tests go on; their results are collected at the end.
+The processes that read the SavedModel start with the first test and work
+while the in-process tests go on; the tests that need their results come
+last.
 """
 
 import hashlib
@@ -294,105 +296,36 @@ def fresh_process(exported):
 
 
 # --------------------------------------------------------------- SavedModel
-def test_saved_model_serves_without_keras_and_matches_the_model(
-    fresh_process, reference, tokens
-):
-    report, arrays = fresh_process
-    assert report["leaked"] == []
-    logits = arrays["served/logits"]
-    assert logits.dtype == np.float32
-    assert logits.shape == (4, SEQ_LEN, VOCAB)
-    np.testing.assert_allclose(logits, reference["logits"], rtol=0, atol=1e-5)
-    predictions = arrays["served/predictions"]
-    assert predictions.dtype == np.int32
-    np.testing.assert_array_equal(
-        predictions, np.argmax(reference["logits"], axis=-1)
-    )
-    names = sorted(k.split("/", 1)[1] for k in arrays if k.startswith("attention/"))
-    assert names == ["attention_0", "attention_1"]
-    for name in names:
-        weights = arrays["attention/" + name]
-        assert weights.dtype == np.float32
-        assert weights.shape == (4, HEADS, SEQ_LEN, SEQ_LEN)
-        np.testing.assert_allclose(
-            weights, reference["weights"][name], rtol=0, atol=1e-5
-        )
-    # Padded query rows attend nowhere; the others sum to one.
-    sums = arrays["attention/attention_0"].sum(-1)
+def test_saved_model_in_place_matches_the_model(exported, reference, tokens):
+    # Runs first: it starts the processes that read the SavedModel, which
+    # work while the tests in this process go on.
+    path = exported["path"]
+    # No staging directory is left beside the model.
+    assert [n for n in os.listdir(exported["dir"]) if n.startswith(".")] == []
+    assert os.stat(path).st_mode & 0o055 == 0o055  # readable by a server
+    loaded = tf.saved_model.load(path)
+    served = loaded.serving_default(tf.constant(tokens))
     np.testing.assert_allclose(
-        sums, np.broadcast_to((tokens != 0)[:, None, :], sums.shape), atol=1e-5
+        served["logits"].numpy(), reference["logits"], rtol=0, atol=1e-5
     )
-
-
-def test_served_signature_rejects_wrong_dtype_and_rank_at_the_signature(
-    fresh_process,
-):
-    errors = fresh_process[0]["errors"]
-    for label in ("float32", "int64"):
-        kind, message = errors[f"{label}/signature"]
-        assert kind == "InvalidArgumentError"
-        assert "expected to be a int32 tensor" in message
-    for label in ("rank1", "rank3", "length"):
-        kind, message = errors[f"{label}/signature"]
-        assert kind == "InvalidArgumentError"
-        assert f"is not compatible with expected shape [?,{SEQ_LEN}]" in message
-        # Stopped before the model: no model node is named in the error.
-        assert "attention_0" not in message and "embedding" not in message
-    for label in ("float32", "int64", "rank1", "rank3", "length"):
-        kind, message = errors[f"{label}/function"]
-        assert kind == "TypeError"
-        assert "TensorSpec(shape=(None, 7), dtype=tf.int32" in message
-
-
-def test_saved_model_cli_lists_both_signatures(fresh_process):
-    stdout = fresh_process[0]["cli"]
-    sections = {}
-    for block in stdout.split("signature_def['")[1:]:
-        name, body = block.split("']", 1)
-        sections[name] = body.split("Method name is")[0]
-    assert {"serving_default", "attention"} <= set(sections)
-
-    def tensor(section, key):
-        body = sections[section].split(f"['{key}'] tensor_info:", 1)[1]
-        dtype = body.split("dtype: ", 1)[1].split()[0]
-        shape = body.split("shape: ", 1)[1].split("\n")[0].strip()
-        return dtype, shape
-
-    for section in ("serving_default", "attention"):
-        assert tensor(section, "tokens") == ("DT_INT32", f"(-1, {SEQ_LEN})")
-    assert tensor("serving_default", "logits") == (
-        "DT_FLOAT", f"(-1, {SEQ_LEN}, {VOCAB})"
+    weights = loaded.attention(tf.constant(tokens))
+    np.testing.assert_allclose(
+        weights["attention_0"].numpy(), reference["weights"]["attention_0"],
+        rtol=0, atol=1e-5,
     )
-    assert tensor("serving_default", "predictions") == (
-        "DT_INT32", f"(-1, {SEQ_LEN})"
-    )
-    for name in ("attention_0", "attention_1"):
-        assert tensor("attention", name) == (
-            "DT_FLOAT", f"(-1, {HEADS}, {SEQ_LEN}, {SEQ_LEN})"
-        )
-
-
-def test_killed_export_leaves_the_existing_model_untouched(exported):
-    status, _, stderr = _finish(exported["processes"]["killed"])
-    assert status == -signal.SIGKILL, stderr[-3000:]
-    target = exported["killed_target"]
-    assert _tree(target) == exported["killed_before"]
-    # The export had been written completely beside the target.
-    parent = os.path.dirname(target)
-    staged = [name for name in os.listdir(parent) if name.startswith(".served.tmp-")]
-    assert len(staged) == 1
-    assert os.path.isfile(os.path.join(parent, staged[0], "saved_model.pb"))
 
 
 def test_failed_export_leaves_nothing(model, tmp_path, monkeypatch):
-    def fail_midway(module, directory, signatures=None):
+    def fail_midway(model, directory):
+        os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "saved_model.pb"), "wb") as handle:
             handle.write(b"partial")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(tf.saved_model, "save", fail_midway)
-    with pytest.raises(RuntimeError, match="disk full"):
-        export_model(model, str(tmp_path / "out"))
+    monkeypatch.setattr(export_lib, "_write_saved_model", fail_midway)
+    for format, name in (("saved_model", "out"), ("tflite", "out.tflite")):
+        with pytest.raises(RuntimeError, match="disk full"):
+            export_model(model, str(tmp_path / name), format=format)
     assert os.listdir(tmp_path) == []
 
 
@@ -611,3 +544,94 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
         assert expected in line, (argv, line)
     assert _tree(str(tmp_path)) == before
     assert not os.path.exists(tmp_path / "out")
+
+
+# ------------------------------------ SavedModel, read by other processes
+def test_saved_model_serves_without_keras_and_matches_the_model(
+    fresh_process, reference, tokens
+):
+    report, arrays = fresh_process
+    assert report["leaked"] == []
+    logits = arrays["served/logits"]
+    assert logits.dtype == np.float32
+    assert logits.shape == (4, SEQ_LEN, VOCAB)
+    np.testing.assert_allclose(logits, reference["logits"], rtol=0, atol=1e-5)
+    predictions = arrays["served/predictions"]
+    assert predictions.dtype == np.int32
+    np.testing.assert_array_equal(
+        predictions, np.argmax(reference["logits"], axis=-1)
+    )
+    names = sorted(k.split("/", 1)[1] for k in arrays if k.startswith("attention/"))
+    assert names == ["attention_0", "attention_1"]
+    for name in names:
+        weights = arrays["attention/" + name]
+        assert weights.dtype == np.float32
+        assert weights.shape == (4, HEADS, SEQ_LEN, SEQ_LEN)
+        np.testing.assert_allclose(
+            weights, reference["weights"][name], rtol=0, atol=1e-5
+        )
+    # Padded query rows attend nowhere; the others sum to one.
+    sums = arrays["attention/attention_0"].sum(-1)
+    np.testing.assert_allclose(
+        sums, np.broadcast_to((tokens != 0)[:, None, :], sums.shape), atol=1e-5
+    )
+
+
+def test_served_signature_rejects_wrong_dtype_and_rank_at_the_signature(
+    fresh_process,
+):
+    errors = fresh_process[0]["errors"]
+    for label in ("float32", "int64"):
+        kind, message = errors[f"{label}/signature"]
+        assert kind == "InvalidArgumentError"
+        assert "expected to be a int32 tensor" in message
+    for label in ("rank1", "rank3", "length"):
+        kind, message = errors[f"{label}/signature"]
+        assert kind == "InvalidArgumentError"
+        assert f"is not compatible with expected shape [?,{SEQ_LEN}]" in message
+        # Stopped before the model: no model node is named in the error.
+        assert "attention_0" not in message and "embedding" not in message
+    for label in ("float32", "int64", "rank1", "rank3", "length"):
+        kind, message = errors[f"{label}/function"]
+        assert kind == "TypeError"
+        assert "TensorSpec(shape=(None, 7), dtype=tf.int32" in message
+
+
+def test_saved_model_cli_lists_both_signatures(fresh_process):
+    stdout = fresh_process[0]["cli"]
+    sections = {}
+    for block in stdout.split("signature_def['")[1:]:
+        name, body = block.split("']", 1)
+        sections[name] = body.split("Method name is")[0]
+    assert {"serving_default", "attention"} <= set(sections)
+
+    def tensor(section, key):
+        body = sections[section].split(f"['{key}'] tensor_info:", 1)[1]
+        dtype = body.split("dtype: ", 1)[1].split()[0]
+        shape = body.split("shape: ", 1)[1].split("\n")[0].strip()
+        return dtype, shape
+
+    for section in ("serving_default", "attention"):
+        assert tensor(section, "tokens") == ("DT_INT32", f"(-1, {SEQ_LEN})")
+    assert tensor("serving_default", "logits") == (
+        "DT_FLOAT", f"(-1, {SEQ_LEN}, {VOCAB})"
+    )
+    assert tensor("serving_default", "predictions") == (
+        "DT_INT32", f"(-1, {SEQ_LEN})"
+    )
+    for name in ("attention_0", "attention_1"):
+        assert tensor("attention", name) == (
+            "DT_FLOAT", f"(-1, {HEADS}, {SEQ_LEN}, {SEQ_LEN})"
+        )
+
+
+def test_killed_export_leaves_the_existing_model_untouched(exported):
+    status, _, stderr = _finish(exported["processes"]["killed"])
+    assert status == -signal.SIGKILL, stderr[-3000:]
+    target = exported["killed_target"]
+    assert _tree(target) == exported["killed_before"]
+    # The export had been written completely beside the target.
+    parent = os.path.dirname(target)
+    staged = [name for name in os.listdir(parent) if name.startswith(".served.tmp-")]
+    assert len(staged) == 1
+    assert os.path.isfile(os.path.join(parent, staged[0], "saved_model.pb"))
