@@ -173,6 +173,9 @@ _RECALL_SETTINGS = dict(
     d_model=64,
     num_layers=1,
     num_heads=1,
+    # The values do not enter the scores; keeping them at d_model instead of
+    # d_k halves the cost of a step at large d_k.
+    value_dim=64,
     norm="pre",
     qk_init_std="unit",
     optimizer="sgd",
@@ -381,12 +384,17 @@ def plan_from_args(args):
         )
     preset = PRESETS[args.preset]
     for field, flag in _PER_RUN_FLAGS.items():
-        if getattr(args, field, None) is not None:
-            hint = f"; use {flag}" if flag else ""
+        if getattr(args, field, None) is None:
+            continue
+        if flag is None:
             raise UsageError(
-                f"--{field.replace('_', '-')} is set per run by compare"
-                f"{hint}"
+                f"--{field} is not supported by compare; export a finished "
+                "run with keras-attention export"
             )
+        raise UsageError(
+            f"--{field.replace('_', '-')} is set per run by compare; use "
+            f"{flag}"
+        )
     config = config_from_args(args)
     given = _given_fields(args)
     task = config.task if "task" in given else preset.train["task"]
@@ -687,13 +695,25 @@ def probe_at_init(config):
 
     config = config.resolve()
     task = build_task(config)
-    keras.utils.set_random_seed(config.seed)
-    model = build_model(config, task)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(_run_precision(config))
     try:
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, task)
         return probe_diagnostics(model, *_probe_batch(config, task))
     finally:
-        del model
+        keras.config.set_dtype_policy(previous_policy)
         keras.backend.clear_session()
+
+
+def _run_precision(config):
+    """The dtype policy a run of `config` trains under on this machine."""
+    import tensorflow as tf
+
+    from pipelines.train import resolve_precision
+
+    accelerator = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return resolve_precision(config.precision, accelerator)
 
 
 def probe_trained(config):
@@ -1066,6 +1086,8 @@ def evaluate_claims(plan, results, variance_rows):
                 (seed, pair["scaled"], pair["unscaled"])
                 for seed, pair in sorted(by_seed.items())
                 if "scaled" in pair and "unscaled" in pair
+                and pair["scaled"]["final_accuracy"] is not None
+                and pair["unscaled"]["final_accuracy"] is not None
             ]
             differences = [
                 s["final_accuracy"] - u["final_accuracy"] for _, s, u in paired
@@ -1103,7 +1125,21 @@ def evaluate_claims(plan, results, variance_rows):
                 }
             )
     largest = gaps[-1] if gaps else None
+    arms_at_largest = {}
+    if plan.train_key_dims:
+        for arm in plan.arms:
+            records = run_values(results, arm, plan.train_key_dims[-1],
+                                 lambda r: r)
+            arms_at_largest[arm] = {
+                "seeds": len(records),
+                "reached": sum(r["steps_to_target"] is not None
+                               for r in records),
+                "final_accuracy": mean_sd(
+                    [r["final_accuracy"] for r in records]
+                )[0],
+            }
     claims["3"] = {
+        "arms_at_largest_key_dim": arms_at_largest,
         "holds": (
             None if largest is None or not largest["seeds"]
             else largest["gap_every_seed"]
@@ -1115,6 +1151,12 @@ def evaluate_claims(plan, results, variance_rows):
 
 
 # --------------------------------------------------------------- report
+def _ratio(numerator, denominator):
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
 def _fmt(value, digits=3):
     if value is None:
         return "–"
@@ -1288,6 +1330,8 @@ def _verdict_3(claim, plan):
             text += "No training gap at this d_k."
         lines.append(text)
     largest = claim["by_key_dim"][-1]
+    lines += _control_lines(claim["arms_at_largest_key_dim"],
+                            largest["key_dim"], largest["gap_on_average"])
     scores = largest["grad_scores_ratio"]
     query = largest["grad_query_ratio"]
     if scores is not None:
@@ -1300,10 +1344,11 @@ def _verdict_3(claim, plan):
             + (" (here it is smaller unscaled)." if scores < 1 else
                " — but here it is NOT smaller unscaled.")
             + " The projection gradients carry an extra factor √d_k in the"
-            " unscaled model (dscores/dq = k instead of k/√d_k), which can"
-            " make |dL/dW_Q| larger, not smaller; it is the direction that"
-            " is lost: the gradient only pushes the already-winning key "
-            "further, so larger projection gradients do not mean learning."
+            " unscaled model (∂score/∂q = k rather than k/√d_k), so"
+            " |dL/dW_Q| and |dL/dW_K| can be larger unscaled even while the"
+            " softmax passes back less; a larger projection gradient is not"
+            " by itself a sign of learning, and the training curves are"
+            " what show whether the model learns."
         )
     lines.append(
         "Claim 3 holds: the scaled model learns and the unscaled one stalls "
@@ -1313,6 +1358,52 @@ def _verdict_3(claim, plan):
         f"{largest['key_dim']}: see the numbers above."
     )
     return lines, claim["holds"]
+
+
+def _control_lines(arms, key_dim, gap):
+    """What the control arms say, when they ran. They explain a gap between
+    scaled and unscaled; without one they are only reported."""
+    def outcome(name):
+        arm = arms[name]
+        accuracy = arm["final_accuracy"]
+        return (
+            f"`{name}` reached the target in {arm['reached']}/"
+            f"{arm['seeds']} seeds (mean final accuracy "
+            f"{_fmt(accuracy)})"
+        )
+
+    lines = []
+    if not gap:
+        return [
+            f"At d_k {key_dim}, {outcome(name)}."
+            for name in ("saturated_init", "compensated_init", "learned",
+                         "qk_norm")
+            if name in arms and arms[name]["seeds"]
+        ]
+    if "saturated_init" in arms and arms["saturated_init"]["seeds"]:
+        learned = arms["saturated_init"]["reached"] > 0
+        lines.append(
+            f"Control at d_k {key_dim}: {outcome('saturated_init')}. It has "
+            "the scale but starts from the unscaled model's saturated scores; "
+            + ("it still learned, so the scale helps beyond the starting "
+               "point." if learned else
+               "it failed too, so what stalls learning is the saturated "
+               "start, not the missing divisor as such.")
+        )
+    if "compensated_init" in arms and arms["compensated_init"]["seeds"]:
+        learned = arms["compensated_init"]["reached"] > 0
+        lines.append(
+            f"Control at d_k {key_dim}: {outcome('compensated_init')}. It has "
+            "no scale but starts from unsaturated scores; "
+            + ("it learned, so an unsaturated start recovers much of what "
+               "the scale gives." if learned else
+               "it failed as well, so an unsaturated start alone did not "
+               "rescue the unscaled model here.")
+        )
+    for name in ("learned", "qk_norm"):
+        if name in arms and arms[name]["seeds"]:
+            lines.append(f"At d_k {key_dim}, {outcome(name)}.")
+    return lines
 
 
 def _status(holds):
@@ -1386,20 +1477,54 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None):
             for r in ratios
         ]
         lines.append("")
+    entropy = claims["2"]["entropy"]
+    if entropy:
+        lines += [
+            "## Softmax at init, scaled vs unscaled",
+            "",
+            "| d_k | entropy/log(keys) scaled | unscaled | unscaled/scaled "
+            "| max weight scaled | unscaled | saturated rows scaled "
+            "| unscaled |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['key_dim']} | {_fmt(r['scaled_entropy_normalized'])} "
+            f"| {_fmt(r['unscaled_entropy_normalized'])} "
+            f"| {_fmt(_ratio(r['unscaled_entropy_normalized'], r['scaled_entropy_normalized']))} "
+            f"| {_fmt(r['scaled_max_weight'])} "
+            f"| {_fmt(r['unscaled_max_weight'])} "
+            f"| {_fmt(r['scaled_saturated_fraction'])} "
+            f"| {_fmt(r['unscaled_saturated_fraction'])} |"
+            for r in entropy
+        ]
+        lines.append("")
     gaps = claims["3"]["by_key_dim"]
     if gaps:
         lines += [
-            "## Gradient norms at init, unscaled / scaled",
+            "## Training and gradients, unscaled vs scaled",
             "",
-            "| d_k | \\|dL/dscores\\| | \\|dL/dW_Q\\| | \\|dL/dW_K\\| |",
-            "|---:|---:|---:|---:|",
+            "Gradient ratios are unscaled / scaled at init (probe batch).",
+            "",
+            "| d_k | final accuracy scaled | unscaled | steps to target "
+            "scaled | unscaled | \\|dL/dscores\\| ratio "
+            "| \\|dL/dW_Q\\| ratio | \\|dL/dW_K\\| ratio |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        lines += [
-            f"| {g['key_dim']} | {_fmt(g['grad_scores_ratio'], 3)} "
-            f"| {_fmt(g['grad_query_ratio'], 3)} "
-            f"| {_fmt(g['grad_key_ratio'], 3)} |"
-            for g in gaps
-        ]
+        for g in gaps:
+            records = {
+                arm: run_values(results, arm, g["key_dim"], lambda r: r)
+                for arm in ("scaled", "unscaled")
+            }
+            cells = [
+                _fmt_mean_sd([r["final_accuracy"] for r in records[arm]])
+                for arm in ("scaled", "unscaled")
+            ] + [_fmt_steps(records[arm]) for arm in ("scaled", "unscaled")]
+            lines.append(
+                f"| {g['key_dim']} | " + " | ".join(cells)
+                + f" | {_fmt(g['grad_scores_ratio'])} "
+                f"| {_fmt(g['grad_query_ratio'])} "
+                f"| {_fmt(g['grad_key_ratio'])} |"
+            )
         lines.append("")
 
     lines += [
@@ -1439,11 +1564,13 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None):
         "parameter's update and so partly undoes the gradient scale the "
         "claims are about; with d_model 64 and d_k 1024 it also destabilised "
         "the scaled runs, a confound.",
-        "- Unscaled runs that stall can still reach chance-level accuracy "
-        f"(1/{base.num_values or 'num_values'} on recall) or a little more: "
-        "the classifier learns value frequencies without attention.",
-        "",
     ]
+    if base.task == "recall":
+        lines.append(
+            f"- Chance level on this recall task is 1/{base.num_values} = "
+            f"{1 / base.num_values:.3f}; a run that stalls stays near it."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
