@@ -169,7 +169,9 @@ def serving_module(model):
     module = tf.Module(name="serving")
     # Not named `serve`: the TFLite converter takes a SavedModel with a
     # `serve` attribute for a `model.export` artifact and keeps only that.
-    module.serving_default = tf.function(serving_default, input_signature=[spec])
+    module.serving_default = tf.function(
+        serving_default, input_signature=[spec]
+    )
     signatures = {
         SERVING_SIGNATURE: module.serving_default.get_concrete_function()
     }
@@ -217,9 +219,8 @@ def _check_token_model(model):
             "outputs."
         )
     token_input, logits = inputs[0], outputs[0]
-    if len(token_input.shape) != 2 or "int" not in keras.backend.standardize_dtype(
-        token_input.dtype
-    ):
+    input_dtype = keras.backend.standardize_dtype(token_input.dtype)
+    if len(token_input.shape) != 2 or "int" not in input_dtype:
         raise ValueError(
             "`model` must take integer token ids of shape (batch, length); "
             f"its input has shape {tuple(token_input.shape)} and dtype "

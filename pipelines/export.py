@@ -72,8 +72,8 @@ def resolve_format(path, format=None):
 def check_out_path(path, format=None, overwrite=False):
     """Checks, touching nothing, that an export may write `path`.
 
-    Meant to run before any expensive work (`train --export` calls it before
-    training).
+    Meant to run before any expensive work, so that a command such as
+    `train --export` can refuse a taken or unwritable path up front.
 
     Args:
         path: the `--out` (or `--export`) path.

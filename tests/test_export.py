@@ -87,7 +87,8 @@ FRESH_PROCESS = textwrap.dedent(
                 errors[label + "/" + way] = [type(error).__name__, str(error)]
     leaked = sorted(
         name for name, module in sys.modules.items()
-        if module is not None and name.split(".")[0] in ("keras", "keras_attention")
+        if module is not None
+        and name.split(".")[0] in ("keras", "keras_attention")
     )
 
     # `saved_model_cli show --all`: the console script calls this `main`.
@@ -185,9 +186,10 @@ def _numpy_attention_weights(model, tokens):
         scores = np.einsum("bhtk,bhsk->bhts", q, k) / np.sqrt(layer.key_dim)
         scores = np.where(mask, scores, -np.inf)
         peak = np.max(scores, axis=-1, keepdims=True)
-        exp = np.where(mask, np.exp(scores - np.where(np.isfinite(peak), peak, 0)), 0)
+        peak = np.where(np.isfinite(peak), peak, 0.0)  # rows with no key
+        exp = np.where(mask, np.exp(scores - peak), 0.0)
         total = exp.sum(-1, keepdims=True)
-        weights[layer.name] = np.where(total > 0, exp / np.where(total > 0, total, 1), 0)
+        weights[layer.name] = exp / np.maximum(total, 1e-300)
     return weights
 
 
@@ -527,7 +529,8 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
     out = str(tmp_path / "out" / "model")
     good = run_dir["logdir"]
     cases = [
-        (["--logdir", str(tmp_path / "missing"), "--out", out], "not a directory"),
+        (["--logdir", str(tmp_path / "missing"), "--out", out],
+         "not a directory"),
         (["--logdir", str(empty), "--out", out], "holds no trained run"),
         (["--logdir", str(corrupt_model), "--out", out], "cannot restore"),
         (["--logdir", str(corrupt_config), "--out", out], "cannot restore"),
@@ -561,7 +564,9 @@ def test_saved_model_serves_without_keras_and_matches_the_model(
     np.testing.assert_array_equal(
         predictions, np.argmax(reference["logits"], axis=-1)
     )
-    names = sorted(k.split("/", 1)[1] for k in arrays if k.startswith("attention/"))
+    names = sorted(
+        key.split("/", 1)[1] for key in arrays if key.startswith("attention/")
+    )
     assert names == ["attention_0", "attention_1"]
     for name in names:
         weights = arrays["attention/" + name]
@@ -632,6 +637,8 @@ def test_killed_export_leaves_the_existing_model_untouched(exported):
     assert _tree(target) == exported["killed_before"]
     # The export had been written completely beside the target.
     parent = os.path.dirname(target)
-    staged = [name for name in os.listdir(parent) if name.startswith(".served.tmp-")]
+    staged = [
+        name for name in os.listdir(parent) if name.startswith(".served.tmp-")
+    ]
     assert len(staged) == 1
     assert os.path.isfile(os.path.join(parent, staged[0], "saved_model.pb"))
