@@ -660,9 +660,12 @@ def _tf_chunk_array(chunks, last_dims=None):
     element_shape = chunks.shape[1:]
     if last_dims is not None:
         element_shape = element_shape[:-1].concatenate(last_dims)
-    return tf.TensorArray(
-        tf.float32, size=tf.shape(chunks)[0], element_shape=element_shape
-    )
+    # A static size keeps the stacked result's shape static, as the loop
+    # carries that it is added to require.
+    size = chunks.shape[0]
+    if size is None:
+        size = tf.shape(chunks)[0]
+    return tf.TensorArray(tf.float32, size=size, element_shape=element_shape)
 
 
 # JAX: jax.lax loops with jax.custom_vjp, running the same blocks.

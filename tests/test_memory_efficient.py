@@ -288,24 +288,64 @@ def test_runs_inside_xla_compiled_function():
         np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
 
 
-def test_dynamic_shapes_in_tf_function():
-    spec = tf.TensorSpec([None, None, H, None], tf.float32)
+@pytest.mark.parametrize(
+    "dynamic,chunks", [("batch", (8, 16)), ("batch", (64, 64)), ("all", (8, 16))]
+)
+def test_dynamic_shapes_in_tf_function(dynamic, chunks):
+    if dynamic == "batch":
+        # Static lengths, unknown batch: what a Keras model traces.
+        sizes = [(T, S)]
+        signature = [
+            tf.TensorSpec([None, T, H, DK], tf.float32),
+            tf.TensorSpec([None, S, H, DK], tf.float32),
+            tf.TensorSpec([None, S, H, DV], tf.float32),
+            tf.TensorSpec([None, T, H, DV], tf.float32),
+            tf.TensorSpec([None, S], tf.bool),
+        ]
+    else:
+        sizes = [(T, S), (20, 33)]
+        spec = tf.TensorSpec([None, None, H, None], tf.float32)
+        signature = [spec] * 4 + [tf.TensorSpec([None, None], tf.bool)]
 
-    @tf.function(input_signature=[spec, spec, spec, tf.TensorSpec([None, None], tf.bool)])
-    def attend(q, k, v, key_mask):
-        return memory_efficient_attention(
-            q, k, v, SCALE, key_mask=key_mask, causal=True,
-            query_chunk_size=8, key_chunk_size=16,
-        )
+    @tf.function(input_signature=signature)
+    def attend(q, k, v, upstream, key_mask):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            output = memory_efficient_attention(
+                q,
+                k,
+                v,
+                SCALE,
+                key_mask=key_mask,
+                causal=True,
+                query_chunk_size=chunks[0],
+                key_chunk_size=chunks[1],
+            )
+            loss = tf.reduce_sum(output * upstream)
+        return output, tape.gradient(loss, [q, k, v])
 
-    for seed, (length, keys) in enumerate([(T, S), (20, 33)]):
+    for seed, (length, keys) in enumerate(sizes):
         query, key, value = _inputs(seed=10 + seed, length=length, keys=keys)
-        key_mask = np.random.default_rng(seed).random((B, keys)) > 0.3
-        output = attend(query, key, value, key_mask)
+        rng = np.random.default_rng(seed)
+        key_mask = rng.random((B, keys)) > 0.3
+        upstream = rng.normal(size=(B, length, H, DV)).astype("float32")
+        output, grads = attend(query, key, value, upstream, key_mask)
         expected = numpy_attention(
             query, key, value, SCALE, key_mask=key_mask, causal=True
         )
         np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
+        _, ref_grads = _gradients(
+            lambda q, k, v, s: explicit_tf_attention(
+                q, k, v, s, key_mask=key_mask, causal=True
+            ),
+            query,
+            key,
+            value,
+            SCALE,
+            upstream,
+        )
+        for grad, ref_grad in zip(grads, ref_grads[:3]):
+            np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
 
 
 def test_learned_scale_variable_gets_gradient():
