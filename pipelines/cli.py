@@ -51,9 +51,34 @@ def build_parser():
     return parser
 
 
+def _import_tensorflow_quietly():
+    """Imports TensorFlow and initialises its devices with stderr muted.
+
+    TensorFlow's C++ start-up lines (absl pre-init warnings, CUDA probes on
+    machines without a GPU) are printed to the process's stderr before any
+    logging setting applies; a command line's errors should be the only
+    lines there. Python exceptions still surface: they print after the
+    descriptor is restored. Set KERAS_ATTENTION_TF_LOGS=1 to see them.
+    """
+    if os.environ.get("KERAS_ATTENTION_TF_LOGS") == "1":
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def main(argv=None):
-    # TensorFlow's C++ start-up chatter is noise on a command line.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _import_tensorflow_quietly()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
