@@ -389,12 +389,12 @@ def _online_softmax_step(query_chunk, key_chunk, value_chunk, valid, state):
     return new_max, running_sum, accumulator
 
 
-def _initial_state(query_chunk, value_chunk):
+def _initial_state(query_chunk, value_dim):
     rows = ops.shape(query_chunk)[:-1]
     return (
         ops.full(rows, _NEG_INF, "float32"),
         ops.zeros(rows, "float32"),
-        ops.zeros(tuple(rows) + (ops.shape(value_chunk)[-1],), "float32"),
+        ops.zeros(tuple(rows) + (value_dim,), "float32"),
     )
 
 
@@ -543,7 +543,7 @@ def _tf_forward(problem, query_chunks, key_chunks, value_chunks):
         _, *state = tf.while_loop(
             lambda j, *_: j < num_visible,
             body,
-            (tf.constant(0),) + _initial_state(query_chunk, value_chunks[0]),
+            (tf.constant(0),) + _initial_state(query_chunk, ops.shape(value_chunks)[-1]),
             parallel_iterations=1,
         )
         return _finish_rows(state)
@@ -679,6 +679,10 @@ def _jax_attention(query, key, value, scale, masks, query_chunk_size, key_chunk_
     query, key, value = (x.astype(jnp.float32) for x in (query, key, value))
     scale = jnp.asarray(scale, jnp.float32)
     length, num_keys = query.shape[1], key.shape[1]
+    if length == 0 or num_keys == 0:
+        # No keys behaves like fully masked rows; lax loops cannot index
+        # empty chunk arrays.
+        return jnp.zeros(query.shape[:3] + value.shape[3:], input_dtype)
     causal = masks[3]
 
     def make_problem(mask_arrays):
@@ -712,7 +716,7 @@ def _jax_attention(query, key, value, scale, masks, query_chunk_size, key_chunk_
                 0,
                 problem.visible_key_chunks(i),
                 body,
-                _initial_state(query_chunk, value_chunks[0]),
+                _initial_state(query_chunk, ops.shape(value_chunks)[-1]),
             )
             return _finish_rows(state)
 

@@ -162,6 +162,14 @@ def test_chunks_larger_than_sequence_or_tiny():
         np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("length,keys", [(0, 7), (7, 0)])
+def test_empty_sequences_give_empty_or_zero_output(length, keys):
+    query, key, value = _inputs(length=length, keys=keys)
+    output = memory_efficient_attention(query, key, value, SCALE)
+    assert tuple(output.shape) == (B, length, H, DV)
+    assert np.all(output.numpy() == 0.0)
+
+
 @pytest.mark.parametrize("length,keys", [(13, 40), (40, 13)])
 def test_causal_with_different_lengths(length, keys):
     query, key, value = _inputs(seed=3, length=length, keys=keys)
@@ -241,16 +249,22 @@ def test_low_precision_large_unscaled_scores_stay_finite(dtype):
     key = rng.normal(size=(1, 24, 2, dk))
     value = rng.normal(size=(1, 24, 2, 4))
     inputs = [tf.constant(x, dtype=dtype) for x in (query, key, value)]
-    output = memory_efficient_attention(
-        *inputs, scale=1.0, query_chunk_size=8, key_chunk_size=16
-    )
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        output = memory_efficient_attention(
+            *inputs, scale=1.0, causal=True, query_chunk_size=8, key_chunk_size=16
+        )
+        loss = tf.reduce_sum(tf.cast(output, tf.float32))
     assert output.dtype == tf.as_dtype(dtype)
+    for grad in tape.gradient(loss, inputs):
+        assert grad.dtype == tf.as_dtype(dtype)
+        assert np.all(np.isfinite(tf.cast(grad, tf.float32).numpy()))
     output = tf.cast(output, tf.float32).numpy()
     assert np.all(np.isfinite(output))
     # Scores have std ~32, so softmax in the input dtype would overflow;
     # the float32 statistics must match a float64 softmax of the same inputs.
     rounded = [tf.cast(x, tf.float64).numpy() for x in inputs]
-    expected = numpy_attention(*rounded, 1.0)
+    expected = numpy_attention(*rounded, 1.0, causal=True)
     np.testing.assert_allclose(output, expected, atol=0.02)
 
 
