@@ -7,7 +7,8 @@ the same function with the same weights:
 * `ours`: `keras_attention.ScaledDotProductAttention` with
   `output_dim=width`, once per requested `implementation` (by default the
   `"explicit"` path, which materialises the weights, and the `"fused"` path,
-  which calls `keras.ops.dot_product_attention`);
+  which calls `keras.ops.dot_product_attention`; `"memory_efficient"` and
+  `"auto"` on request);
 * `MHA`: `keras.layers.MultiHeadAttention` with the same heads and dims
   (it always projects back to the model width);
 * `dpa`: Q/K/V/O projections written by hand as einsums with the same kernel
@@ -40,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Run from a source checkout without installing the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-IMPLEMENTATIONS = ("explicit", "fused", "auto")
+IMPLEMENTATIONS = ("explicit", "fused", "memory_efficient", "auto")
 JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
 # Sequences longer than this get one warm-up call and one timed repeat by
 # default: at batch 8 and 8 heads one step at 2048 tokens does about 250
@@ -191,7 +192,7 @@ def parse_args(argv=None):
         default=["explicit", "fused"],
         help=(
             "comma-separated implementations of our layer to time "
-            "(explicit, fused, auto; default explicit,fused)"
+            f"({', '.join(IMPLEMENTATIONS)}; default explicit,fused)"
         ),
     )
     return parser.parse_args(argv)
@@ -359,14 +360,35 @@ def _call(name, layer, x):
 
 
 def check_peers_agree(keras, peers, x):
-    """Exits with an error if the peers disagree on a short prefix of `x`."""
+    """Checks the peers' outputs on a short prefix of `x` against MHA.
+
+    Exits with an error if a peer computes something else (the timings would
+    be meaningless); a peer whose call raises is reported on stderr and
+    left out.
+
+    Returns:
+        The peers that ran, in the same order.
+    """
     import numpy as np
 
     prefix = x[:, : min(x.shape[1], 64)]
-    outputs = {
-        name: keras.ops.convert_to_numpy(_call(name, layer, prefix))
-        for name, layer in peers.items()
-    }
+    outputs = {}
+    for name, layer in peers.items():
+        try:
+            outputs[name] = keras.ops.convert_to_numpy(_call(name, layer, prefix))
+        except Exception as error:  # Report the peer and time the others.
+            print(
+                f"# {name} failed: {type(error).__name__}: "
+                f"{str(error).strip()[:300]}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if "mha" not in outputs:
+        sys.stderr.write(
+            "bench_layer.py: error: MultiHeadAttention, the reference peer, "
+            "failed\n"
+        )
+        sys.exit(1)
     reference = outputs["mha"]
     tolerance = 1e-4 * max(1.0, float(np.max(np.abs(reference))))
     for name, output in outputs.items():
@@ -378,6 +400,7 @@ def check_peers_agree(keras, peers, x):
                 "the timings would not compare the same computation\n"
             )
             sys.exit(1)
+    return {name: layer for name, layer in peers.items() if name in outputs}
 
 
 def make_step(tf, name, layer, jit):
@@ -402,15 +425,31 @@ def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
 
     Each repeat times a few back-to-back calls of every peer (the same count
     for all of them, enough for about `SAMPLE_SECONDS`), so short steps are
-    not lost in timer and scheduler noise.
+    not lost in timer and scheduler noise. A peer whose warm-up raises is
+    reported on stderr and gets `None` instead of a time.
+
+    Returns:
+        A dict peer name -> median ms (or `None`), and the calls per sample.
     """
-    steps = {name: make_step(tf, name, layer, jit) for name, layer in peers.items()}
-    slowest = 0.0
-    for step in steps.values():
-        for _ in range(warmup):
-            start = clock()
-            step(x).numpy()
-            elapsed = clock() - start
+    steps = {}
+    slowest = 1e-9
+    for name, layer in peers.items():
+        step = make_step(tf, name, layer, jit)
+        try:
+            for _ in range(warmup):
+                start = clock()
+                step(x).numpy()
+                elapsed = clock() - start
+        except Exception as error:  # Report the peer and time the others.
+            message = str(error).strip().splitlines()[-1] if str(error) else ""
+            print(
+                f"# {name} failed (jit={'on' if jit else 'off'}): "
+                f"{type(error).__name__}: {message[:300]}",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        steps[name] = step
         slowest = max(slowest, elapsed)
     calls = max(1, int(SAMPLE_SECONDS / slowest))
     times = {name: [] for name in steps}
@@ -425,7 +464,11 @@ def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
                 step(x).numpy()
             elapsed = clock() - start
             times[name].append(1000.0 * elapsed / calls)
-    return {name: statistics.median(values) for name, values in times.items()}, calls
+    medians = {name: None for name in peers}
+    medians.update(
+        {name: statistics.median(values) for name, values in times.items()}
+    )
+    return medians, calls
 
 
 def _repeats_per_length(rows):
@@ -435,7 +478,17 @@ def _repeats_per_length(rows):
     return [(n, r, w) for n, (r, w) in seen.items()]
 
 
-def format_table(args, rows, header_lines):
+def _format_ms(value):
+    return "failed" if value is None else f"{value:.2f}"
+
+
+def _format_ratio(numerator, denominator):
+    if numerator is None or denominator is None:
+        return "n/a"
+    return f"{numerator / denominator:.3f}"
+
+
+def format_table(rows, header_lines):
     columns = (
         "seq_len",
         "heads",
@@ -447,7 +500,7 @@ def format_table(args, rows, header_lines):
         "ours/MHA",
         "ours/dpa",
     )
-    widths = (7, 5, 3, 8, 9, 9, 9, 8, 8)
+    widths = (7, 5, 3, 16, 9, 9, 9, 8, 8)
     lines = list(header_lines)
     lines.append("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
     lines.append("  ".join("-" * w for w in widths))
@@ -457,11 +510,11 @@ def format_table(args, rows, header_lines):
             str(row["heads"]),
             "on" if row["jit"] else "off",
             row["impl"],
-            f"{row['ours']:.2f}",
-            f"{row['mha']:.2f}",
-            f"{row['dpa']:.2f}",
-            f"{row['ours'] / row['mha']:.3f}",
-            f"{row['ours'] / row['dpa']:.3f}",
+            _format_ms(row["ours"]),
+            _format_ms(row["mha"]),
+            _format_ms(row["dpa"]),
+            _format_ratio(row["ours"], row["mha"]),
+            _format_ratio(row["ours"], row["dpa"]),
         )
         lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
     return "\n".join(lines)
@@ -483,7 +536,7 @@ def main(argv=None):
         )
         for heads in args.heads:
             peers = build_peers(keras, args, seq_len, heads)
-            check_peers_agree(keras, peers, x)
+            peers = check_peers_agree(keras, peers, x)
             for jit in JIT_MODES[args.jit]:
                 medians, calls = time_case(
                     tf, peers, x, jit, warmup, repeats, clock
@@ -494,9 +547,9 @@ def main(argv=None):
                         "heads": heads,
                         "jit": jit,
                         "impl": implementation,
-                        "ours": medians[f"ours-{implementation}"],
-                        "mha": medians["mha"],
-                        "dpa": medians["dpa"],
+                        "ours": medians.get(f"ours-{implementation}"),
+                        "mha": medians.get("mha"),
+                        "dpa": medians.get("dpa"),
                         "repeats": repeats,
                         "warmup": warmup,
                     }
@@ -504,8 +557,9 @@ def main(argv=None):
                     print(
                         f"# seq_len={seq_len} heads={heads} "
                         f"jit={'on' if jit else 'off'} {implementation}: "
-                        f"ours {row['ours']:.2f} ms, MHA {row['mha']:.2f} ms, "
-                        f"dpa {row['dpa']:.2f} ms "
+                        f"ours {_format_ms(row['ours'])} ms, "
+                        f"MHA {_format_ms(row['mha'])} ms, "
+                        f"dpa {_format_ms(row['dpa'])} ms "
                         f"({repeats} repeats of {calls} calls)",
                         file=sys.stderr,
                         flush=True,
@@ -535,7 +589,7 @@ def main(argv=None):
         f"({'process CPU time' if args.clock == 'cpu' else 'elapsed time'}).",
         "",
     ]
-    print(format_table(args, rows, header))
+    print(format_table(rows, header))
 
 
 if __name__ == "__main__":
