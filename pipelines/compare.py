@@ -184,6 +184,9 @@ _RECALL_SETTINGS = dict(
     warmup_steps=0,
     lr_schedule="constant",
     batch_size=64,
+    # XLA: measured on one CPU core, a d_k 1024 step takes 111 ms compiled
+    # against 147 ms without, which pays for the compile within a run.
+    jit_compile="on",
 )
 
 PRESETS = {

@@ -49,6 +49,7 @@ TINY_FLAGS = [
     "--heldout-size", "64",
     "--probe-size", "8",
     "--variance-samples", "2000",
+    "--jit-compile", "off",  # compiling would cost more than 20 steps
 ]
 
 SUMMARY_KEYS = {
