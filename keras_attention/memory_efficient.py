@@ -197,9 +197,9 @@ def _validate(
     )
 
     batch, length, heads, keys = q_shape[0], q_shape[1], q_shape[2], k_shape[1]
-    for name, mask, expected in (
-        ("key_mask", key_mask, (batch, keys)),
-        ("query_mask", query_mask, (batch, length)),
+    for name, mask, axis, expected in (
+        ("key_mask", key_mask, "S", (batch, keys)),
+        ("query_mask", query_mask, "T", (batch, length)),
     ):
         if mask is None:
             continue
@@ -209,8 +209,8 @@ def _validate(
             for got, want in zip(shape, expected)
         ):
             raise ValueError(
-                f"`{name}` must have shape (batch, {'S' if name == 'key_mask' else 'T'})"
-                f" = {expected}. Received: {name}.shape={shape}"
+                f"`{name}` must have shape (B, {axis}) = {expected}. "
+                f"Received: {name}.shape={shape}"
             )
     if attention_mask is not None:
         shape = tuple(attention_mask.shape)
@@ -538,12 +538,13 @@ def _tf_forward(problem, query_chunks, key_chunks, value_chunks):
             return (j + 1,) + tuple(state)
 
         num_visible = problem.visible_key_chunks(i)
+        initial = _initial_state(query_chunk, ops.shape(value_chunks)[-1])
         # parallel_iterations=1: blocks run one after another, so only one
         # block of scores is alive at a time.
         _, *state = tf.while_loop(
             lambda j, *_: j < num_visible,
             body,
-            (tf.constant(0),) + _initial_state(query_chunk, ops.shape(value_chunks)[-1]),
+            (tf.constant(0),) + initial,
             parallel_iterations=1,
         )
         return _finish_rows(state)

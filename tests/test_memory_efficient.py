@@ -287,7 +287,8 @@ def test_runs_inside_xla_compiled_function():
             loss = tf.reduce_sum(output * upstream)
         return output, tape.gradient(loss, [q, k, v, scale])
 
-    output, grads = step(*(tf.constant(x) for x in (query, key, value)), tf.constant(SCALE))
+    inputs = [tf.constant(x) for x in (query, key, value, np.float32(SCALE))]
+    output, grads = step(*inputs)
     expected = numpy_attention(query, key, value, SCALE, **masks)
     np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
     _, ref_grads = _gradients(
@@ -374,7 +375,8 @@ def test_learned_scale_variable_gets_gradient():
     d_scale = tape.gradient(loss, scale)
     with tf.GradientTape() as tape:
         ref_loss = tf.reduce_sum(explicit_tf_attention(query, key, value, scale))
-    np.testing.assert_allclose(d_scale.numpy(), tape.gradient(ref_loss, scale).numpy(), rtol=1e-4)
+    ref_d_scale = tape.gradient(ref_loss, scale)
+    np.testing.assert_allclose(d_scale.numpy(), ref_d_scale.numpy(), rtol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -441,7 +443,9 @@ _JAX_SCRIPT = textwrap.dedent(
     ref = ref_vjp(upstream)
     np.save(sys.argv[2], np.asarray(out))
     print(json.dumps({
-        "grad_errors": [float(jnp.max(jnp.abs(g - r))) for g, r in zip(grads[:3], ref[:3])],
+        "grad_errors": [
+            float(jnp.max(jnp.abs(g - r))) for g, r in zip(grads[:3], ref[:3])
+        ],
         "scale_grad": [float(grads[3]), float(ref[3])],
     }))
     """
@@ -471,7 +475,9 @@ def test_jax_backend_values_and_gradients(tmp_path):
     )
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [repo_root, env.get("PYTHONPATH")])
+    )
     result = subprocess.run(
         [sys.executable, "-c", _JAX_SCRIPT, str(data_path), str(out_path)],
         capture_output=True,
