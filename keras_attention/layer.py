@@ -391,6 +391,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
             query_length is not None
             and key_length is not None
             and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
+            and keras.backend.backend() in ("tensorflow", "jax")
         ):
             return "memory_efficient"
         if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
