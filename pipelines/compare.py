@@ -205,8 +205,9 @@ PRESETS = {
             checkpoint_every=500,
             heldout_size=512,
         ),
-        # Six runs of 1000 steps at d_k 1024, ~110 ms per step on one CPU
-        # core with XLA; init probes and the report take under a minute.
+        # Six runs of 1000 steps at d_k 1024 (a step costs about 1 GFLOP,
+        # 30-50 ms on 2 cores with XLA); init probes and the report take
+        # under a minute.
         expected="about 4-5 minutes on 2 idle CPU cores",
     ),
     # Every arm trained at every d_k, five seeds: for a GPU, or a CPU with
