@@ -1,0 +1,539 @@
+"""Training throughput of the pipeline's trainer against a plain `Model.fit`.
+
+Runs, in one process, on the same task stream and global batch:
+
+* `ours`: `pipelines.train.train(config)` on a temporary log directory, the
+  real trainer (custom loop, `ScaledDotProductAttention`), with the attention
+  diagnostics effectively off (`diagnostics_every` past the end of the run);
+* `ours + diagnostics`: the same run at the default `diagnostics_every`;
+* `ours, in-memory data`: the same run with its input stream replaced by the
+  stream's first batch cached in memory and repeated, so no batch is
+  generated during the timed steps;
+* `plain fit`: `Model.fit` on a Keras model of the same sizes whose attention
+  is `keras.layers.MultiHeadAttention` (same d_model, heads, key_dim,
+  value_dim, feed-forward, pre-norm layer norms, classifier, no biases in the
+  attention; the embedding layers are the library's own so that only the
+  attention layer and the training loop differ), compiled with the same
+  optimizer and the same `jit_compile`, fed by the same `task.dataset(...)`
+  as `(tokens, targets, sample_weight)`;
+* `plain fit, in-memory data`: the same with the cached batch.
+
+Timing excludes start-up and compilation: the trainer's throughput is the
+median of its logged `steps_per_second` windows (`log_every` steps each, the
+first `--warmup` steps left out; the trainer already leaves its evaluation,
+diagnostics and checkpoint pauses out of them); `Model.fit` is timed from the
+end of step `--warmup` to the end of the run.
+
+Model FLOPs utilization (MFU) is `tokens/s * FLOPs/token / matmul FLOP/s`,
+with the matmul FLOPs of a token counted analytically (projections, Q K^T,
+A V, output projection, feed-forward, classifier; forward x 3 for forward
+plus backward; embeddings, norms and softmax left out) and the machine's
+matmul throughput measured in the same run with a large float32 matmul.
+Tokens are all `batch * seq_len` positions of a batch.
+
+The diagnostics overhead is `t_diag / (diagnostics_every * t_step + t_diag)`:
+the fraction of throughput lost when every `diagnostics_every` steps pay one
+diagnostics call `t_diag` (the median of the calls the trainer made after its
+first, timed around `probe_diagnostics` and `write_diagnostics`).
+
+Usage:
+
+    python scripts/bench_train.py                       # recall, ~2-3 min
+    python scripts/bench_train.py --task sort --steps 400 --jit on
+
+Bad arguments exit with status 2 and one line on stderr.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Run from a source checkout without installing the package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TASKS = ("recall", "reverse", "sort", "copy")
+# The trainer's default diagnostics interval (`TrainConfig.diagnostics_every`).
+DEFAULT_DIAGNOSTICS_EVERY = 250
+# Goals of the benchmark.
+GOAL_RATIO = 1.0
+GOAL_DIAGNOSTICS_OVERHEAD = 0.05
+GOAL_STARVATION = 0.05
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line on stderr, exit status 2.
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a positive integer; received {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def parse_args(argv=None):
+    parser = _Parser(
+        prog="bench_train.py",
+        description=(
+            "Training throughput and model FLOPs utilization of the "
+            "pipeline's trainer against a plain Model.fit with "
+            "keras.layers.MultiHeadAttention."
+        ),
+    )
+    parser.add_argument("--task", choices=TASKS, default="recall",
+                        help="synthetic task (default recall)")
+    parser.add_argument("--steps", type=_positive_int("--steps"), default=600,
+                        help="steps per timed run (default 600)")
+    parser.add_argument("--warmup", type=_positive_int("--warmup"),
+                        default=50, help="steps left out of the timing "
+                        "(default 50)")
+    parser.add_argument("--batch-size", type=_positive_int("--batch-size"),
+                        default=None, help="global batch (default: the "
+                        "task's)")
+    parser.add_argument("--d-model", type=_positive_int("--d-model"),
+                        default=None, help="model width (default: the "
+                        "task's)")
+    parser.add_argument("--layers", type=_positive_int("--layers"),
+                        default=None, help="attention blocks (default: the "
+                        "task's)")
+    parser.add_argument("--jit", choices=("on", "off"), default="off",
+                        help="XLA for both trainers (default off, the "
+                        "trainer's choice on a CPU)")
+    parser.add_argument("--matmul-size", type=_positive_int("--matmul-size"),
+                        default=2048, help="n of the n x n float32 matmul "
+                        "that measures the machine (default 2048)")
+    args = parser.parse_args(argv)
+    if args.warmup >= args.steps:
+        parser.error(
+            f"--warmup ({args.warmup}) must be smaller than --steps "
+            f"({args.steps})"
+        )
+    return args
+
+
+# ------------------------------------------------------------- FLOP counts
+def model_flops_per_token(config, task):
+    """Matmul FLOPs of one training token (forward + backward = 3 x forward).
+
+    Args:
+        config: a resolved `TrainConfig`.
+        task: its `SequenceTask`.
+
+    Returns:
+        FLOPs per token position (a float).
+    """
+    d_model = config.d_model
+    heads = config.num_heads
+    key_dim = config.key_dim
+    value_dim = config.value_dim or key_dim
+    ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
+    seq_len = task.seq_len
+    per_layer = (
+        2 * d_model * heads * key_dim * 2      # W_Q, W_K
+        + 2 * d_model * heads * value_dim      # W_V
+        + 2 * seq_len * heads * key_dim        # q . k against every key
+        + 2 * seq_len * heads * value_dim      # weights @ V
+        + 2 * heads * value_dim * d_model      # W_O
+        + 2 * d_model * ff_dim * 2             # feed-forward in and out
+    )
+    forward = config.num_layers * per_layer + 2 * d_model * task.num_classes
+    return 3.0 * forward
+
+
+def measure_matmul_flops(size=2048, dtype="float32", seconds=2.0):
+    """FLOP/s of an `size x size` matmul on the default device.
+
+    Chains several matmuls per call so the timing is not dominated by
+    dispatch; returns the best of a few timed samples.
+    """
+    import tensorflow as tf
+
+    a = tf.random.stateless_normal([size, size], seed=[1, 2], dtype=dtype)
+    b = tf.random.stateless_normal([size, size], seed=[3, 4], dtype=dtype)
+    # Scaled so that chained products keep a finite magnitude.
+    b = b / tf.cast(size, dtype) ** 0.5
+    chain = 4
+
+    @tf.function
+    def run(x):
+        for _ in range(chain):
+            x = tf.matmul(x, b)
+        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+
+    float(run(a))  # Trace and warm up.
+    flops_per_call = 2.0 * size ** 3 * chain
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        float(run(a))
+        elapsed = time.perf_counter() - start
+        best = max(best, flops_per_call / elapsed)
+        if time.perf_counter() > deadline:
+            return best
+
+
+# ------------------------------------------------------------- the trainer
+@contextlib.contextmanager
+def in_memory_data():
+    """Replaces every task's training stream by its first batch, cached in
+    memory and repeated (same sharding, shapes and dtypes)."""
+    from keras_attention.tasks import SequenceTask
+
+    original = SequenceTask.dataset
+
+    def cached(self, *args, **kwargs):
+        return original(self, *args, **kwargs).take(1).cache().repeat()
+
+    SequenceTask.dataset = cached
+    try:
+        yield
+    finally:
+        SequenceTask.dataset = original
+
+
+@contextlib.contextmanager
+def timed_diagnostics(durations):
+    """Appends the seconds of each diagnostics call of the trainer (probe and
+    summary writing) to `durations`."""
+    from pipelines import train as train_module
+
+    probe, write = train_module.probe_diagnostics, train_module.write_diagnostics
+    pending = {}
+
+    def timed_probe(*args, **kwargs):
+        pending["start"] = time.perf_counter()
+        return probe(*args, **kwargs)
+
+    def timed_write(*args, **kwargs):
+        result = write(*args, **kwargs)
+        durations.append(time.perf_counter() - pending.pop("start"))
+        return result
+
+    train_module.probe_diagnostics = timed_probe
+    train_module.write_diagnostics = timed_write
+    try:
+        yield
+    finally:
+        train_module.probe_diagnostics = probe
+        train_module.write_diagnostics = write
+
+
+def steady_steps_per_second(logdir, warmup):
+    """Median of the trainer's logged `steps_per_second` windows that end
+    after step `warmup`."""
+    from pipelines.train import read_event_scalars
+
+    windows = read_event_scalars(os.path.join(logdir, "train")).get(
+        "steps_per_second", {}
+    )
+    values = [value for step, value in sorted(windows.items())
+              if step > warmup and value is not None]
+    if not values:
+        values = [value for value in windows.values() if value is not None]
+    return statistics.median(values)
+
+
+def run_trainer(config, warmup, diagnostics_every=None, synthetic=False):
+    """Runs `pipelines.train.train` on a temporary logdir.
+
+    Returns:
+        `(steps_per_second, metrics, diagnostics_seconds)`.
+    """
+    from pipelines.train import train
+
+    steps = config.steps
+    config = config.replace(
+        # Past the end: only the calls at step 0 and at the last step.
+        diagnostics_every=diagnostics_every or 10 * steps,
+        eval_every=steps,
+        checkpoint_every=steps,
+        verbose=0,
+    )
+    durations = []
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as logdir:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(timed_diagnostics(durations))
+            if synthetic:
+                stack.enter_context(in_memory_data())
+            metrics = train(config.replace(logdir=logdir))
+        steps_per_second = steady_steps_per_second(logdir, warmup)
+    return steps_per_second, metrics, durations
+
+
+# ------------------------------------------------------------- plain fit
+def build_plain_model(config, task):
+    """The trainer's model with `keras.layers.MultiHeadAttention` as the
+    attention (pre-norm blocks, gelu feed-forward, final norm, classifier)."""
+    import keras
+
+    from keras_attention.models import FactoredEmbedding
+    from keras_attention.models import PositionEmbedding
+
+    if config.norm != "pre":
+        raise ValueError(f"`norm` must be 'pre'; received {config.norm!r}.")
+    d_model = config.d_model
+    ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
+    tokens = keras.Input(shape=(task.seq_len,), dtype="int32", name="tokens")
+    if task.token_factors is not None:
+        x = FactoredEmbedding(task.token_factors, d_model, mask_zero=True)(
+            tokens
+        )
+    else:
+        x = keras.layers.Embedding(task.vocab_size, d_model, mask_zero=True)(
+            tokens
+        )
+    x = PositionEmbedding(task.seq_len)(x)
+    for _ in range(config.num_layers):
+        h = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+        h = keras.layers.MultiHeadAttention(
+            num_heads=config.num_heads,
+            key_dim=config.key_dim,
+            value_dim=config.value_dim or config.key_dim,
+            use_bias=False,
+        )(h, h, use_causal_mask=config.causal)
+        x = keras.layers.Add()([x, h])
+        if ff_dim > 0:
+            h = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+            h = keras.layers.Dense(ff_dim, activation="gelu")(h)
+            h = keras.layers.Dense(d_model)(h)
+            x = keras.layers.Add()([x, h])
+    x = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+    logits = keras.layers.Dense(task.num_classes, dtype="float32")(x)
+    return keras.Model(tokens, logits, name="plain_mha_model")
+
+
+def run_plain_fit(config, task, warmup, synthetic=False):
+    """Trains the plain model with `Model.fit`; returns steady steps/s."""
+    import keras
+
+    from pipelines.train import build_optimizer
+
+    keras.utils.set_random_seed(config.seed)
+    model = build_plain_model(config, task)
+    optimizer, _ = build_optimizer(config)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["sparse_categorical_accuracy"],
+        jit_compile=config.jit_compile == "on",
+    )
+    data = task.dataset(config.batch_size, config.seed)
+    if synthetic:
+        data = data.take(1).cache().repeat()
+
+    marks = {}
+
+    class _Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == warmup:
+                marks["start"] = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            marks["end"] = time.perf_counter()
+
+    model.fit(data, epochs=1, steps_per_epoch=config.steps, verbose=0,
+              shuffle=False, callbacks=[_Clock()])
+    return (config.steps - warmup) / (marks["end"] - marks["start"])
+
+
+# ------------------------------------------------------------- report
+def _table(headers, rows):
+    widths = [
+        max(len(str(h)), *(len(str(row[i])) for row in rows))
+        for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
+    return "\n".join(lines)
+
+
+def _verdict(ok):
+    return "met" if ok else "NOT met"
+
+
+def bench_config(args):
+    """The resolved `TrainConfig` the benchmark trains."""
+    from pipelines.config import TrainConfig
+
+    changes = dict(task=args.task, steps=args.steps, jit_compile=args.jit,
+                   strategy="default", precision="float32")
+    if args.batch_size is not None:
+        changes["batch_size"] = args.batch_size
+    if args.d_model is not None:
+        changes["d_model"] = args.d_model
+    if args.layers is not None:
+        changes["num_layers"] = args.layers
+    return TrainConfig(**changes).resolve()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import tensorflow as tf
+
+    # The event-file reader logs a deprecation warning on every run.
+    tf.get_logger().setLevel("ERROR")
+
+    from pipelines.common import UsageError
+    from pipelines.train import build_task
+
+    try:
+        config = bench_config(args)
+        config.validate()
+    except UsageError as error:
+        sys.stderr.write(f"bench_train.py: error: {error}\n")
+        return 2
+    task = build_task(config)
+    tokens_per_step = config.batch_size * task.seq_len
+    flops_per_token = model_flops_per_token(config, task)
+
+    print(f"task {config.task}: batch {config.batch_size} x seq_len "
+          f"{task.seq_len} = {tokens_per_step} tokens/step; d_model "
+          f"{config.d_model}, layers {config.num_layers}, heads "
+          f"{config.num_heads}, key_dim {config.key_dim}, ff "
+          f"{4 * config.d_model if config.ff_dim is None else config.ff_dim}"
+          f"; optimizer {config.optimizer}; jit_compile {config.jit_compile} "
+          f"for both; {config.steps} steps per run, first {args.warmup} "
+          f"untimed; TF {tf.__version__}, {os.cpu_count()} CPU(s), "
+          f"GPUs: {len(tf.config.list_physical_devices('GPU'))}")
+    print(f"model FLOPs/token (fwd+bwd matmuls): {flops_per_token:,.0f}")
+
+    wall = {}
+    start = time.perf_counter()
+    matmul = measure_matmul_flops(args.matmul_size)
+    wall["matmul"] = time.perf_counter() - start
+    print(f"measured {args.matmul_size}x{args.matmul_size} float32 matmul: "
+          f"{matmul / 1e9:.1f} GFLOP/s", flush=True)
+
+    results = {}
+    start = time.perf_counter()
+    results["ours"], metrics_off, _ = run_trainer(config, args.warmup)
+    wall["ours"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["ours + diagnostics"], metrics_on, diag_times = run_trainer(
+        config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY
+    )
+    wall["ours + diagnostics"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["ours, in-memory data"], _, _ = run_trainer(
+        config, args.warmup, synthetic=True
+    )
+    wall["ours, in-memory data"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["plain fit (MHA)"] = run_plain_fit(config, task, args.warmup)
+    wall["plain fit (MHA)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["plain fit, in-memory data"] = run_plain_fit(
+        config, task, args.warmup, synthetic=True
+    )
+    wall["plain fit, in-memory data"] = time.perf_counter() - start
+
+    plain = results["plain fit (MHA)"]
+    rows = []
+    for name, steps_per_second in results.items():
+        tokens_per_second = steps_per_second * tokens_per_step
+        rows.append([
+            name,
+            f"{1e3 / steps_per_second:.2f}",
+            f"{steps_per_second:.1f}",
+            f"{tokens_per_second:,.0f}",
+            f"{tokens_per_second * flops_per_token / 1e9:.2f}",
+            f"{100 * tokens_per_second * flops_per_token / matmul:.1f}%",
+            f"{steps_per_second / plain:.2f}",
+            f"{wall[name]:.0f}",
+        ])
+    print()
+    print(_table(
+        ["trainer", "ms/step", "steps/s", "tokens/s", "model GFLOP/s",
+         "MFU", "vs plain", "run s"],
+        rows,
+    ))
+
+    # Diagnostics: the calls after the first (which traces eagerly).
+    step_time = 1.0 / results["ours"]
+    later_calls = diag_times[1:] or diag_times
+    diag_call = statistics.median(later_calls)
+    every = DEFAULT_DIAGNOSTICS_EVERY
+    overhead = diag_call / (every * step_time + diag_call)
+    measured_drop = 1.0 - results["ours + diagnostics"] / results["ours"]
+    print()
+    print(_table(
+        ["diagnostics", "value"],
+        [
+            ["calls in the default run (steps)",
+             f"{len(diag_times)} (0, every {every}, last)"],
+            ["seconds per call, first / median of later",
+             f"{diag_times[0]:.3f} / {diag_call:.3f}"],
+            [f"step time x {every} steps", f"{every * step_time:.3f} s"],
+            [f"throughput lost at every={every}", f"{100 * overhead:.1f}%"],
+            ["step-window throughput change (pauses excluded)",
+             f"{-100 * measured_drop:+.1f}%"],
+            ["run wall time, default vs off",
+             f"{metrics_on['wall_time_s']:.1f} s vs "
+             f"{metrics_off['wall_time_s']:.1f} s"],
+        ],
+    ))
+
+    ours_starved = 1.0 - results["ours"] / results["ours, in-memory data"]
+    plain_starved = 1.0 - plain / results["plain fit, in-memory data"]
+    print()
+    print(_table(
+        ["input pipeline", "real ms/step", "in-memory ms/step",
+         "slowdown"],
+        [
+            ["ours", f"{1e3 / results['ours']:.2f}",
+             f"{1e3 / results['ours, in-memory data']:.2f}",
+             f"{100 * ours_starved:+.1f}%"],
+            ["plain fit", f"{1e3 / plain:.2f}",
+             f"{1e3 / results['plain fit, in-memory data']:.2f}",
+             f"{100 * plain_starved:+.1f}%"],
+        ],
+    ))
+
+    ratio = results["ours"] / plain
+    print()
+    print(f"goal ours/plain >= {GOAL_RATIO:.1f}: {ratio:.2f} "
+          f"({_verdict(ratio >= GOAL_RATIO)})")
+    print(f"goal diagnostics cost <= {100 * GOAL_DIAGNOSTICS_OVERHEAD:.0f}%: "
+          f"{100 * overhead:.1f}% "
+          f"({_verdict(overhead <= GOAL_DIAGNOSTICS_OVERHEAD)})")
+    print(f"goal input pipeline never starves the step (real within "
+          f"{100 * GOAL_STARVATION:.0f}% of in-memory): "
+          f"{100 * ours_starved:+.1f}% "
+          f"({_verdict(ours_starved <= GOAL_STARVATION)})")
+    print(json.dumps({
+        "tokens_per_s": {
+            name: value * tokens_per_step for name, value in results.items()
+        },
+        "matmul_flops_per_s": matmul,
+        "flops_per_token": flops_per_token,
+        "diagnostics_call_s": diag_times,
+        "diagnostics_overhead": overhead,
+        "ours_vs_plain": ratio,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
