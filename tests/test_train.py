@@ -385,9 +385,18 @@ KILL_ARGV = [
     "--num-values", "4", "--d-model", "16", "--key-dim", "16",
     "--batch-size", "16", "--steps", "150", "--log-every", "1",
     "--eval-every", "25", "--diagnostics-every", "100",
-    "--checkpoint-every", "7", "--heldout-size", "64", "--probe-size", "8",
+    "--checkpoint-every", "25", "--heldout-size", "64", "--probe-size", "8",
     "--seed", "11", "--deterministic", "--strategy", "default", "--quiet",
 ]
+
+
+def _checkpoint_step(run_dir):
+    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def _logged_train_steps(run_dir):
+    return read_event_scalars(str(run_dir / "train")).get("loss", {})
 
 
 def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
@@ -401,17 +410,19 @@ def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
         stderr=subprocess.PIPE,
     )
     try:
+        # Kill once a checkpoint exists and steps past it are logged: the
+        # resumed run recomputes those steps and must not log them again.
         deadline = time.time() + 240
         while time.time() < deadline:
-            checkpoint = tf.train.latest_checkpoint(
-                str(killed_dir / "checkpoints")
-            )
-            if checkpoint and int(checkpoint.rsplit("-", 1)[1]) >= 14:
+            saved = _checkpoint_step(killed_dir)
+            if saved >= 25 and max(
+                _logged_train_steps(killed_dir), default=0
+            ) >= saved + 3:
                 break
             assert process.poll() is None, process.stderr.read()[-3000:]
             time.sleep(0.02)
         else:
-            pytest.fail("no checkpoint past step 14 in time")
+            pytest.fail("the run logged no steps past a checkpoint in time")
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     finally:
@@ -420,11 +431,9 @@ def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
     process.stderr.close()
     assert process.returncode == -signal.SIGKILL
     assert not (killed_dir / "metrics.json").exists()  # Really cut short.
-    killed_at = int(
-        tf.train.latest_checkpoint(str(killed_dir / "checkpoints"))
-        .rsplit("-", 1)[1]
-    )
-    assert killed_at < 150
+    killed_at = _checkpoint_step(killed_dir)
+    assert 25 <= killed_at < 150
+    assert max(_logged_train_steps(killed_dir)) > killed_at
 
     # The same command again resumes and finishes.
     assert main([*KILL_ARGV, "--logdir", str(killed_dir)]) == 0
