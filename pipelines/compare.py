@@ -1417,7 +1417,8 @@ def _status(holds):
     return {True: "holds", False: "not supported", None: "not measured"}[holds]
 
 
-def render_report(plan, results, variance_rows, claims, wall_time_s=None):
+def render_report(plan, results, variance_rows, claims, wall_time_s=None,
+                  trained_now=None):
     """The comparison report as Markdown text."""
     base = plan.base
     lines = [
@@ -1439,7 +1440,15 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None):
         "",
     ]
     if wall_time_s is not None:
-        lines += [f"Wall time of this comparison: {wall_time_s:.0f} s.", ""]
+        run_times = [r["wall_time_s"] for r in results["runs"]
+                     if r.get("wall_time_s") is not None]
+        text = f"Wall time of this invocation: {wall_time_s:.0f} s"
+        if trained_now is not None:
+            text += f" ({len(trained_now)} runs trained now)"
+        if run_times:
+            text += (f"; the training runs' own wall times sum to "
+                     f"{sum(run_times):.0f} s")
+        lines += [text + ".", ""]
     lines += [
         f"TensorBoard: `tensorboard --logdir {plan.logdir}`",
         "",
@@ -1643,7 +1652,8 @@ def compare(plan, log=print):
                                 wall_time_s)
     document["trained_now"] = trained_now
     write_json_atomic(os.path.join(plan.logdir, COMPARISON_JSON), document)
-    report = render_report(plan, results, variance_rows, claims, wall_time_s)
+    report = render_report(plan, results, variance_rows, claims, wall_time_s,
+                           trained_now)
     with open(os.path.join(plan.logdir, COMPARISON_MD) + ".tmp", "w") as f:
         f.write(report)
     os.replace(os.path.join(plan.logdir, COMPARISON_MD) + ".tmp",
