@@ -16,29 +16,32 @@ Runs, in one process, on the same task stream and global batch:
   attention layer and the training loop differ), compiled with the same
   optimizer and the same `jit_compile`, fed by the same `task.dataset(...)`
   as `(tokens, targets, sample_weight)`;
-* `plain fit, in-memory data`: the same with the cached batch.
 
-Timing excludes start-up and compilation: the trainer's throughput is the
-median of its logged `steps_per_second` windows (`log_every` steps each, the
-first `--warmup` steps left out; the trainer already leaves its evaluation,
-diagnostics and checkpoint pauses out of them); `Model.fit` is timed from the
-end of step `--warmup` to the end of the run.
+Each variant runs `--rounds` times (in reversed order every other round, so
+the slow spells of a shared machine and first-run effects do not all land on
+one variant) and reports its best round. Timing excludes start-up and
+compilation: the trainer's throughput is the median of its logged
+`steps_per_second` windows (`log_every` steps each, the first `--warmup`
+steps left out; the trainer already leaves its evaluation, diagnostics and
+checkpoint pauses out of them); `Model.fit` gets the same statistic from the
+end times of its steps (a callback).
 
 Model FLOPs utilization (MFU) is `tokens/s * FLOPs/token / matmul FLOP/s`,
 with the matmul FLOPs of a token counted analytically (projections, Q K^T,
 A V, output projection, feed-forward, classifier; forward x 3 for forward
 plus backward; embeddings, norms and softmax left out) and the machine's
-matmul throughput measured in the same run with a large float32 matmul.
+matmul throughput measured in the same run with a large float32 matmul (the
+best of a measurement before the first round and one after each round).
 Tokens are all `batch * seq_len` positions of a batch.
 
 The diagnostics overhead is `t_diag / (diagnostics_every * t_step + t_diag)`:
 the fraction of throughput lost when every `diagnostics_every` steps pay one
-diagnostics call `t_diag` (the median of the calls the trainer made after its
-first, timed around `probe_diagnostics` and `write_diagnostics`).
+diagnostics call `t_diag` (the median of the calls the trainer made after a
+run's first, timed around `probe_diagnostics` and `write_diagnostics`).
 
 Usage:
 
-    python scripts/bench_train.py                       # recall, ~2-3 min
+    python scripts/bench_train.py                       # recall, ~3 min
     python scripts/bench_train.py --task sort --steps 400 --jit on
 
 Bad arguments exit with status 2 and one line on stderr.
@@ -101,8 +104,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--task", choices=TASKS, default="recall",
                         help="synthetic task (default recall)")
-    parser.add_argument("--steps", type=_positive_int("--steps"), default=600,
-                        help="steps per timed run (default 600)")
+    parser.add_argument("--steps", type=_positive_int("--steps"), default=250,
+                        help="steps per timed run (default 250)")
+    parser.add_argument("--rounds", type=_positive_int("--rounds"),
+                        default=2, help="runs of each variant; the best "
+                        "counts (default 2)")
     parser.add_argument("--warmup", type=_positive_int("--warmup"),
                         default=50, help="steps left out of the timing "
                         "(default 50)")
@@ -217,7 +223,8 @@ def timed_diagnostics(durations):
     summary writing) to `durations`."""
     from pipelines import train as train_module
 
-    probe, write = train_module.probe_diagnostics, train_module.write_diagnostics
+    probe = train_module.probe_diagnostics
+    write = train_module.write_diagnostics
     pending = {}
 
     def timed_probe(*args, **kwargs):
@@ -267,6 +274,9 @@ def run_trainer(config, warmup, diagnostics_every=None, synthetic=False):
         diagnostics_every=diagnostics_every or 10 * steps,
         eval_every=steps,
         checkpoint_every=steps,
+        # Evaluation is outside the timed windows; a small held-out set
+        # only shortens the run.
+        heldout_size=256,
         verbose=0,
     )
     durations = []
@@ -323,7 +333,8 @@ def build_plain_model(config, task):
 
 
 def run_plain_fit(config, task, warmup, synthetic=False):
-    """Trains the plain model with `Model.fit`; returns steady steps/s."""
+    """Trains the plain model with `Model.fit`; returns steady steps/s (the
+    median of `config.log_every`-step windows after `warmup` steps)."""
     import keras
 
     from pipelines.train import build_optimizer
@@ -341,19 +352,22 @@ def run_plain_fit(config, task, warmup, synthetic=False):
     if synthetic:
         data = data.take(1).cache().repeat()
 
-    marks = {}
+    ends = []
 
     class _Clock(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if batch + 1 == warmup:
-                marks["start"] = time.perf_counter()
-
-        def on_train_end(self, logs=None):
-            marks["end"] = time.perf_counter()
+            ends.append(time.perf_counter())
 
     model.fit(data, epochs=1, steps_per_epoch=config.steps, verbose=0,
               shuffle=False, callbacks=[_Clock()])
-    return (config.steps - warmup) / (marks["end"] - marks["start"])
+    # Windows of `log_every` steps after the warm-up, as the trainer logs
+    # them, and the same statistic (the median).
+    window = config.log_every
+    rates = [
+        window / (ends[stop - 1] - ends[stop - 1 - window])
+        for stop in range(warmup + window, len(ends) + 1, window)
+    ]
+    return statistics.median(rates)
 
 
 # ------------------------------------------------------------- report
@@ -426,28 +440,41 @@ def main(argv=None):
     print(f"measured {args.matmul_size}x{args.matmul_size} float32 matmul: "
           f"{matmul / 1e9:.1f} GFLOP/s", flush=True)
 
-    results = {}
-    start = time.perf_counter()
-    results["ours"], metrics_off, _ = run_trainer(config, args.warmup)
-    wall["ours"] = time.perf_counter() - start
-    start = time.perf_counter()
-    results["ours + diagnostics"], metrics_on, diag_times = run_trainer(
-        config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY
-    )
-    wall["ours + diagnostics"] = time.perf_counter() - start
-    start = time.perf_counter()
-    results["ours, in-memory data"], _, _ = run_trainer(
-        config, args.warmup, synthetic=True
-    )
-    wall["ours, in-memory data"] = time.perf_counter() - start
-    start = time.perf_counter()
-    results["plain fit (MHA)"] = run_plain_fit(config, task, args.warmup)
-    wall["plain fit (MHA)"] = time.perf_counter() - start
-    start = time.perf_counter()
-    results["plain fit, in-memory data"] = run_plain_fit(
-        config, task, args.warmup, synthetic=True
-    )
-    wall["plain fit, in-memory data"] = time.perf_counter() - start
+    # Each variant runs once per round, in reversed order in every other
+    # round, so slow spells of a shared machine and first-run effects do not
+    # all land on one variant; each variant reports its best round.
+    variants = {
+        "ours": lambda: run_trainer(config, args.warmup),
+        "ours + diagnostics": lambda: run_trainer(
+            config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY
+        ),
+        "ours, in-memory data": lambda: run_trainer(
+            config, args.warmup, synthetic=True
+        ),
+        "plain fit (MHA)": lambda: (
+            run_plain_fit(config, task, args.warmup), None, []
+        ),
+    }
+    rounds = {name: [] for name in variants}
+    wall = {name: 0.0 for name in variants}
+    diag_times = []
+    order = list(variants)
+    for round_index in range(args.rounds):
+        for name in order if round_index % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            steps_per_second, _, durations = variants[name]()
+            wall[name] += time.perf_counter() - start
+            rounds[name].append(steps_per_second)
+            if name == "ours + diagnostics":
+                # The first call of a run traces the eager probe.
+                diag_times.extend(durations[1:])
+            print(f"  round {round_index + 1}: {name}: "
+                  f"{steps_per_second:.1f} steps/s", flush=True)
+        # The peak is the best the machine showed while it was shared.
+        matmul = max(matmul, measure_matmul_flops(args.matmul_size))
+    results = {name: max(values) for name, values in rounds.items()}
+    print(f"best {args.matmul_size}x{args.matmul_size} float32 matmul: "
+          f"{matmul / 1e9:.1f} GFLOP/s")
 
     plain = results["plain fit (MHA)"]
     rows = []
@@ -456,7 +483,7 @@ def main(argv=None):
         rows.append([
             name,
             f"{1e3 / steps_per_second:.2f}",
-            f"{steps_per_second:.1f}",
+            " / ".join(f"{1e3 / value:.1f}" for value in rounds[name]),
             f"{tokens_per_second:,.0f}",
             f"{tokens_per_second * flops_per_token / 1e9:.2f}",
             f"{100 * tokens_per_second * flops_per_token / matmul:.1f}%",
@@ -465,49 +492,41 @@ def main(argv=None):
         ])
     print()
     print(_table(
-        ["trainer", "ms/step", "steps/s", "tokens/s", "model GFLOP/s",
-         "MFU", "vs plain", "run s"],
+        ["trainer", "ms/step", "rounds ms/step", "tokens/s",
+         "model GFLOP/s", "MFU", "vs plain", "run s"],
         rows,
     ))
 
-    # Diagnostics: the calls after the first (which traces eagerly).
+    # Diagnostics run eagerly between steps, outside the timed windows:
+    # their cost is the time of one call against the steps between calls.
     step_time = 1.0 / results["ours"]
-    later_calls = diag_times[1:] or diag_times
-    diag_call = statistics.median(later_calls)
+    diag_call = statistics.median(diag_times)
     every = DEFAULT_DIAGNOSTICS_EVERY
     overhead = diag_call / (every * step_time + diag_call)
-    measured_drop = 1.0 - results["ours + diagnostics"] / results["ours"]
+    step_change = results["ours + diagnostics"] / results["ours"] - 1.0
     print()
     print(_table(
-        ["diagnostics", "value"],
+        ["diagnostics (default diagnostics_every)", "value"],
         [
-            ["calls in the default run (steps)",
-             f"{len(diag_times)} (0, every {every}, last)"],
-            ["seconds per call, first / median of later",
-             f"{diag_times[0]:.3f} / {diag_call:.3f}"],
-            [f"step time x {every} steps", f"{every * step_time:.3f} s"],
-            [f"throughput lost at every={every}", f"{100 * overhead:.1f}%"],
-            ["step-window throughput change (pauses excluded)",
-             f"{-100 * measured_drop:+.1f}%"],
-            ["run wall time, default vs off",
-             f"{metrics_on['wall_time_s']:.1f} s vs "
-             f"{metrics_off['wall_time_s']:.1f} s"],
+            ["seconds per call (median of calls after a run's first)",
+             f"{diag_call:.3f} ({len(diag_times)} calls)"],
+            [f"{every} steps", f"{every * step_time:.3f} s"],
+            [f"throughput lost at diagnostics_every={every}",
+             f"{100 * overhead:.1f}%"],
+            ["step time between calls vs diagnostics off",
+             f"{-100 * step_change:+.1f}%"],
         ],
     ))
 
-    ours_starved = 1.0 - results["ours"] / results["ours, in-memory data"]
-    plain_starved = 1.0 - plain / results["plain fit, in-memory data"]
+    starved = 1.0 - results["ours"] / results["ours, in-memory data"]
     print()
     print(_table(
-        ["input pipeline", "real ms/step", "in-memory ms/step",
-         "slowdown"],
+        ["input pipeline (ours)", "ms/step"],
         [
-            ["ours", f"{1e3 / results['ours']:.2f}",
-             f"{1e3 / results['ours, in-memory data']:.2f}",
-             f"{100 * ours_starved:+.1f}%"],
-            ["plain fit", f"{1e3 / plain:.2f}",
-             f"{1e3 / results['plain fit, in-memory data']:.2f}",
-             f"{100 * plain_starved:+.1f}%"],
+            ["real task pipeline", f"{1e3 / results['ours']:.2f}"],
+            ["one batch cached in memory",
+             f"{1e3 / results['ours, in-memory data']:.2f}"],
+            ["slowdown of the real pipeline", f"{100 * starved:+.1f}%"],
         ],
     ))
 
@@ -520,11 +539,12 @@ def main(argv=None):
           f"({_verdict(overhead <= GOAL_DIAGNOSTICS_OVERHEAD)})")
     print(f"goal input pipeline never starves the step (real within "
           f"{100 * GOAL_STARVATION:.0f}% of in-memory): "
-          f"{100 * ours_starved:+.1f}% "
-          f"({_verdict(ours_starved <= GOAL_STARVATION)})")
+          f"{100 * starved:+.1f}% "
+          f"({_verdict(starved <= GOAL_STARVATION)})")
     print(json.dumps({
         "tokens_per_s": {
-            name: value * tokens_per_step for name, value in results.items()
+            name: [value * tokens_per_step for value in values]
+            for name, values in rounds.items()
         },
         "matmul_flops_per_s": matmul,
         "flops_per_token": flops_per_token,

@@ -241,7 +241,8 @@ def main(argv=None):
     tokens_per_second = steps_per_second * tokens_per_step
     model_flops = tokens_per_second * flops_per_token
     print(f"first step (trace + XLA compile): "
-          f"{metrics['first_step_time_s']:.1f} s; whole run {run_seconds:.0f} s")
+          f"{metrics['first_step_time_s']:.1f} s; whole run "
+          f"{run_seconds:.0f} s")
     print(f"steady: {1e3 / steps_per_second:.1f} ms/step, "
           f"{steps_per_second:.2f} steps/s, {tokens_per_second:,.0f} tokens/s")
     print(f"model: {model_flops / 1e12:.2f} TFLOP/s")
