@@ -43,7 +43,6 @@ Outputs, all under `--logdir`:
 them in the HParams dashboard.
 """
 
-import contextlib
 import dataclasses
 import glob
 import json
@@ -535,48 +534,17 @@ def is_complete(spec):
 
 
 # ------------------------------------------------------------ training
-@contextlib.contextmanager
-def _comparison_hparams():
-    """HParams of runs trained as part of a comparison.
-
-    A training run writes its own HParams experiment and names its session
-    after its arm. In a comparison both are wrong: TensorBoard reads one
-    experiment per log directory (it picks an arbitrary one when several
-    runs declare one, so the comparison's metrics could go missing), and
-    sessions sharing a name are merged into one row (every seed and key_dim
-    of an arm would collapse together). While this context is active, runs
-    declare no experiment (the comparison writes it once, at its root) and
-    each session is its own group.
-    """
-    from tensorboard.plugins.hparams import api as hp
-
-    original_config, original_hparams = hp.hparams_config, hp.hparams
-
-    def no_experiment(*args, **kwargs):
-        return True
-
-    def ungrouped_session(hparams, trial_id=None, start_time_secs=None):
-        # Without a trial id the group is named after the hparam values,
-        # which differ between any two runs of a comparison.
-        return original_hparams(hparams, start_time_secs=start_time_secs)
-
-    hp.hparams_config, hp.hparams = no_experiment, ungrouped_session
-    try:
-        yield
-    finally:
-        hp.hparams_config, hp.hparams = original_config, original_hparams
-
-
 def train_one(config):
-    """Trains one run of a comparison in this process (see
-    `_comparison_hparams`) and returns its metrics."""
+    """Trains one run of a comparison in this process and returns its
+    metrics. The run declares no HParams experiment of its own: the
+    comparison declares one at its root, and TensorBoard reads one per
+    logdir."""
     import keras
 
     from pipelines.train import train
 
     try:
-        with _comparison_hparams():
-            return train(config)
+        return train(config, hparams_experiment=False)
     finally:
         # Many models in one process: drop Keras' global graph state.
         keras.backend.clear_session()

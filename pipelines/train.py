@@ -480,7 +480,7 @@ def _hparams(config):
     return values
 
 
-def _write_run_header(writer, config):
+def _write_run_header(writer, config, hparams_experiment=True):
     """Config as text and as HParams, at step 0 of the root writer."""
     from tensorboard.plugins.hparams import api as hp
 
@@ -488,17 +488,21 @@ def _write_run_header(writer, config):
         return
     hparams = _hparams(config)
     with writer.writer.as_default():
-        hp.hparams_config(
-            hparams=[hp.HParam(name) for name in hparams],
-            metrics=[
-                hp.Metric("accuracy", group=EVAL_LOGS,
-                          display_name="heldout_accuracy"),
-                hp.Metric("loss", group=EVAL_LOGS,
-                          display_name="heldout_loss"),
-                hp.Metric("steps_to_target", display_name="steps_to_target"),
-            ],
-        )
-        hp.hparams(hparams, trial_id=config.arm or os.path.basename(
+        if hparams_experiment:
+            hp.hparams_config(
+                hparams=[hp.HParam(name) for name in hparams],
+                metrics=[
+                    hp.Metric("accuracy", group=EVAL_LOGS,
+                              display_name="heldout_accuracy"),
+                    hp.Metric("loss", group=EVAL_LOGS,
+                              display_name="heldout_loss"),
+                    hp.Metric("steps_to_target",
+                              display_name="steps_to_target"),
+                ],
+            )
+        # One session per run directory: runs that share a trial id are
+        # merged into one row of the HParams dashboard.
+        hp.hparams(hparams, trial_id=os.path.basename(
             os.path.abspath(config.logdir)))
         text = json.dumps(config.to_dict(), indent=2, sort_keys=True)
         tf.summary.text(
@@ -547,7 +551,7 @@ def _summary_from_events(tags, step):
 
 
 # --------------------------------------------------------------- train
-def train(config, return_model=False):
+def train(config, return_model=False, hparams_experiment=True):
     """Trains the config's model on its task and writes the run directory.
 
     Resumes from the last checkpoint in `config.logdir` when there is one.
@@ -556,6 +560,10 @@ def train(config, return_model=False):
         config: a `TrainConfig`; `None` fields get the task's defaults.
         return_model: also return the trained model (a copy of the weights
             outside any distribution strategy).
+        hparams_experiment: declare this run's HParams experiment. A
+            pipeline that trains many runs under one TensorBoard logdir
+            (compare) declares one experiment at its root instead:
+            TensorBoard reads a single experiment per logdir.
 
     Returns:
         The metrics dict written to `metrics.json` (on the chief), and with
@@ -600,7 +608,8 @@ def train(config, return_model=False):
     try:
         keras.config.set_dtype_policy(config.precision)
         result = _train(
-            config, task, strategy, is_chief, export_run, start_time
+            config, task, strategy, is_chief, export_run, start_time,
+            hparams_experiment,
         )
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -622,7 +631,8 @@ def _export_hook(config):
     return export_pipeline.export_run
 
 
-def _train(config, task, strategy, is_chief, export_run, start_time):
+def _train(config, task, strategy, is_chief, export_run, start_time,
+           hparams_experiment=True):
     logdir = config.logdir
     num_replicas = strategy.num_replicas_in_sync
     global_batch = config.batch_size
@@ -673,7 +683,7 @@ def _train(config, task, strategy, is_chief, export_run, start_time):
     root_writer = _LogWriter(logdir, is_chief)
     train_writer = _LogWriter(os.path.join(logdir, TRAIN_LOGS), is_chief)
     eval_writer = _LogWriter(os.path.join(logdir, EVAL_LOGS), is_chief)
-    _write_run_header(root_writer, config)
+    _write_run_header(root_writer, config, hparams_experiment)
 
     # -------- data: every step's global batch is a function of (seed, step).
     train_data = strategy.distribute_datasets_from_function(
