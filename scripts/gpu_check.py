@@ -206,8 +206,8 @@ def main(argv=None):
     tokens_per_step = config.batch_size * task.seq_len
     flops_per_token = model_flops_per_token(config, task)
 
-    print(f"device: {device_name} ({len(gpus)} GPU(s) visible, 1 used); "
-          f"TensorFlow {tf.__version__}")
+    used = f"{len(gpus)} GPU(s) visible, 1 used" if gpus else "no GPU"
+    print(f"device: {device_name} ({used}); TensorFlow {tf.__version__}")
     print(f"config: task {config.task}, seq_len {task.seq_len}, batch "
           f"{config.batch_size} ({tokens_per_step} tokens/step), d_model "
           f"{config.d_model}, layers {config.num_layers}, heads "
@@ -219,7 +219,7 @@ def main(argv=None):
 
     matmul = measure_matmul_flops(settings["matmul_size"], dtype="bfloat16")
     size = settings["matmul_size"]
-    print(f"measured {size}x{size} bf16 matmul: {matmul / 1e12:.1f} TFLOP/s",
+    print(f"measured {size}x{size} bf16 matmul: {matmul / 1e12:.4g} TFLOP/s",
           flush=True)
     peak_tflops = args.peak_tflops or lookup_peak(device_name)
     peak_source = "--peak-tflops" if args.peak_tflops else "table"
@@ -245,10 +245,10 @@ def main(argv=None):
           f"{run_seconds:.0f} s")
     print(f"steady: {1e3 / steps_per_second:.1f} ms/step, "
           f"{steps_per_second:.2f} steps/s, {tokens_per_second:,.0f} tokens/s")
-    print(f"model: {model_flops / 1e12:.2f} TFLOP/s")
-    print(f"MFU vs bf16 peak {peak_tflops:g} TFLOP/s ({peak_source}): "
+    print(f"model: {model_flops / 1e12:.4g} TFLOP/s")
+    print(f"MFU vs bf16 peak {peak_tflops:.4g} TFLOP/s ({peak_source}): "
           f"{100 * model_flops / (peak_tflops * 1e12):.1f}%")
-    print(f"MFU vs measured bf16 matmul {matmul / 1e12:.1f} TFLOP/s: "
+    print(f"MFU vs measured bf16 matmul {matmul / 1e12:.4g} TFLOP/s: "
           f"{100 * model_flops / matmul:.1f}%")
     print(f"held-out accuracy after {metrics['steps']} steps: "
           f"{metrics['heldout_accuracy']:.4f}")
