@@ -24,6 +24,13 @@ Usage:
     python scripts/bench_layer.py                      # full table
     python scripts/bench_layer.py --seq-lens 128,512   # quick run
     python scripts/bench_layer.py --jit off --heads 8 --repeats 5
+    # On a machine shared with other jobs: one thread, CPU time.
+    python scripts/bench_layer.py --threads 1 --clock cpu
+
+The full default table is about 6 minutes of single-thread CPU work, most of
+it the two 2048-token, 8-head cases; the quick run about a quarter of that.
+Ratios within about 10% of 1 are within the run-to-run noise of a loaded
+machine: rerun a row with more `--repeats` before drawing conclusions.
 
 Bad arguments exit with status 2 and one line on stderr.
 """
@@ -45,7 +52,7 @@ IMPLEMENTATIONS = ("explicit", "fused", "memory_efficient", "auto")
 JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
 # Sequences longer than this get one warm-up call and one timed repeat by
 # default: at batch 8 and 8 heads one step at 2048 tokens does about 250
-# GFLOP and moves several 1 GiB score-sized tensors, 15-40 s on two CPU cores.
+# GFLOP and moves several 1 GiB score-sized tensors (11-15 s of CPU time).
 LONG_SEQUENCE = 1024
 SHORT_DEFAULTS = {"warmup": 2, "repeats": 5}
 LONG_DEFAULTS = {"warmup": 1, "repeats": 1}
