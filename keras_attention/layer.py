@@ -82,8 +82,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
             `"memory_efficient"` (chunked keys and queries with an online
             softmax, memory linear in sequence length). `"auto"` uses the
             explicit path when weights are requested or dropout is active,
-            the memory-efficient path for very long sequences, and the fused
-            path otherwise. All paths give the same numbers.
+            the memory-efficient path for very long sequences, and otherwise
+            the explicit path on TensorFlow (faster there) and the fused path
+            on other backends. All paths give the same numbers.
         **kwargs: base layer arguments such as `name` and `dtype`.
 
     Call arguments:
@@ -396,6 +397,12 @@ class ScaledDotProductAttention(keras.layers.Layer):
             return "memory_efficient"
         if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
             # The fused op takes the score product in float16.
+            return "explicit"
+        if keras.backend.backend() == "tensorflow":
+            # TensorFlow has no fused kernel: its dot_product_attention is two
+            # tf.einsum calls whose gradients transpose (B, H, T, S) tensors,
+            # while the explicit path's batched matmuls read transposed
+            # operands in place (measured by scripts/bench_layer.py).
             return "explicit"
         return "fused" if fused_ok else "explicit"
 

@@ -115,15 +115,15 @@ def masked_softmax(scores, mask=None):
             return ops.ones_like(scores)
         return ops.softmax(scores, axis=-1)
     mask = ops.cast(mask, "bool")
-    filled = ops.where(mask, scores, _MASKED_SCORE)
-    row_max = ops.max(filled, axis=-1, keepdims=True)
-    # Keep the shift finite for fully masked rows; their exponentials vanish.
-    row_max = ops.where(row_max > _MASKED_SCORE / 2, row_max, 0.0)
-    row_max = ops.stop_gradient(row_max)
-    exps = ops.exp(filled - row_max)
-    exps = ops.where(mask, exps, 0.0)
-    denominator = ops.sum(exps, axis=-1, keepdims=True)
-    return exps / ops.where(denominator > 0.0, denominator, 1.0)
+    # One select, then the backend's softmax kernel, which subtracts the row
+    # maximum itself: masked keys get exp(-1e30 - max) == 0 exactly. Every
+    # extra elementwise op here is a pass over (B, H, T, S), forward and back.
+    weights = ops.softmax(ops.where(mask, scores, _MASKED_SCORE), axis=-1)
+    # A row with no key comes out uniform; zero it. The reduction runs on the
+    # mask before it is broadcast, so it is cheap for (T, S) or (B, 1, 1, S)
+    # masks.
+    row_has_key = ops.any(mask, axis=-1, keepdims=True)
+    return ops.where(row_has_key, weights, 0.0)
 
 
 def scaled_dot_product_attention(
