@@ -42,6 +42,9 @@ import statistics
 import sys
 import time
 
+from _cli_args import OneLineErrorParser as _Parser
+from _cli_args import positive_int as _positive_int
+
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -60,13 +63,6 @@ LONG_DEFAULTS = {"warmup": 1, "repeats": 1}
 SAMPLE_SECONDS = 0.2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # One line on stderr, exit status 2.
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
-
-
 def _positive_int_list(name):
     def parse(text):
         try:
@@ -79,21 +75,6 @@ def _positive_int_list(name):
                 f"received {text!r}"
             )
         return values
-
-    return parse
-
-
-def _positive_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a positive integer; received {text!r}"
-            )
-        return value
 
     return parse
 

@@ -56,6 +56,9 @@ import sys
 import tempfile
 import time
 
+from _cli_args import OneLineErrorParser as _Parser
+from _cli_args import positive_int as _positive_int
+
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -69,28 +72,6 @@ DEFAULT_DIAGNOSTICS_EVERY = 250
 GOAL_RATIO = 1.0
 GOAL_DIAGNOSTICS_OVERHEAD = 0.05
 GOAL_STARVATION = 0.05
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # One line on stderr, exit status 2.
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
-
-
-def _positive_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a positive integer; received {text!r}"
-            )
-        return value
-
-    return parse
 
 
 def parse_args(argv=None):

@@ -41,6 +41,7 @@ sys.path.insert(0, _SCRIPTS)
 from bench_train import measure_matmul_flops  # noqa: E402
 from bench_train import model_flops_per_token  # noqa: E402
 from bench_train import steady_steps_per_second  # noqa: E402
+from _cli_args import OneLineErrorParser as _Parser
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendor's
 # data sheets; the first name contained in the device name wins, so the
@@ -79,13 +80,6 @@ def _setting_key(flag):
     """The key of `FULL` / `SMOKE` that `--flag` sets."""
     key = flag.replace("-", "_")
     return {"layers": "num_layers", "heads": "num_heads"}.get(key, key)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # One line on stderr, exit status 2.
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
 
 
 def _positive(kind, name):
