@@ -430,19 +430,12 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return "fused" if fused_ok else "explicit"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
-        # Scaling q (T*d values) is cheaper than scaling the (T*S) scores.
-        if keras.backend.standardize_dtype(q.dtype) == "float16":
-            q = ops.cast(q, "float32")
-            k = ops.cast(k, "float32")
-        q = q * ops.cast(scale, q.dtype)
-        scores = attention_ops.attention_scores(q, k, 1.0)
-        weights = attention_ops.masked_softmax(scores, mask)
-        used = weights
-        if dropout_active:
-            used = keras.random.dropout(
-                weights, self.dropout, seed=self.seed_generator
-            )
-        attended = attention_ops.weighted_values(ops.cast(used, v.dtype), v)
+        attended, weights, scores = attention_ops.attend(
+            q, k, v, mask, scale,
+            dropout_rate=self.dropout,
+            training=dropout_active,
+            seed_generator=self.seed_generator,
+        )
         if self._recorder is not None:
             self._recorder[self.name] = {
                 "scores": scores,
