@@ -366,10 +366,16 @@ class ScaledDotProductAttention(keras.layers.Layer):
             )
             if path == "fused":
                 attended = self._fused_attention(q, k, v, mask, scale)
-            else:
+            elif (
+                return_attention_scores
+                or dropout_active
+                or self._recorder is not None
+            ):
                 attended, weights = self._explicit_attention(
                     q, k, v, mask, scale, dropout_active
                 )
+            else:
+                attended = attention_ops.attend_output(q, k, v, mask, scale)
 
         if self.output_dim is not None:
             shape = ops.shape(attended)
