@@ -112,6 +112,26 @@ def _batched_matmul(a, b, transpose_a=False, transpose_b=False):
     return ops.matmul(a, b)
 
 
+def _compiling_with_xla():
+    """Whether TensorFlow is tracing a function for XLA (`jit_compile=True`).
+
+    Reads TensorFlow's XLA control-flow context, as TensorFlow's own ops do;
+    False on other backends or if that internal moves.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return False
+    try:
+        import tensorflow as tf
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - TensorFlow layout changed
+        return False
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(
+        tf.compat.v1.get_default_graph()
+    )
+
+
 def attention_scores(query, key, scale):
     """Scaled scores `q . k * scale` as float32, shape `(B, H, T, S)`.
 
@@ -273,6 +293,12 @@ def attend_output(query, key, value, mask, scale):
     query = query * ops.cast(scale, query.dtype)
     dtype = softmax_dtype(query.dtype)
 
+    # Under XLA a transposed (T, S) operand costs a copy; the gradients of
+    # the key and value then come out transposed from products whose
+    # transposed operand is a small (T, d) one (about 15% faster backward at
+    # T = 512 and 2048). Without XLA the direct products are faster.
+    small_transposes = _compiling_with_xla()
+
     @ops.custom_gradient
     def heads_first_attention(query, key, value):
         scores = _batched_matmul(query, key, transpose_b=True)
@@ -282,7 +308,16 @@ def attend_output(query, key, value, mask, scale):
 
         def grad(*args, upstream=None):
             d_output = args[0] if upstream is None else upstream
-            d_value = _batched_matmul(used_weights, d_output, transpose_a=True)
+            if small_transposes:
+                d_value = ops.swapaxes(
+                    _batched_matmul(d_output, used_weights, transpose_a=True),
+                    -1,
+                    -2,
+                )
+            else:
+                d_value = _batched_matmul(
+                    used_weights, d_output, transpose_a=True
+                )
             d_weights = ops.cast(
                 _batched_matmul(d_output, value, transpose_b=True), dtype
             )
@@ -293,7 +328,12 @@ def attend_output(query, key, value, mask, scale):
             )
             d_scores = ops.cast(weights * (d_weights - row_dot), query.dtype)
             d_query = ops.matmul(d_scores, key)
-            d_key = _batched_matmul(d_scores, query, transpose_a=True)
+            if small_transposes:
+                d_key = ops.swapaxes(
+                    _batched_matmul(query, d_scores, transpose_a=True), -1, -2
+                )
+            else:
+                d_key = _batched_matmul(d_scores, query, transpose_a=True)
             return d_query, d_key, d_value
 
         return output, grad
