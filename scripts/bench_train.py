@@ -37,7 +37,8 @@ Tokens are all `batch * seq_len` positions of a batch.
 The diagnostics overhead is `t_diag / (diagnostics_every * t_step + t_diag)`:
 the fraction of throughput lost when every `diagnostics_every` steps pay one
 diagnostics call `t_diag` (the median of the calls the trainer made after a
-run's first, timed around `probe_diagnostics` and `write_diagnostics`).
+run's first, timed from the trainer's copy of the weights into the probed
+model to the end of `write_diagnostics`).
 
 Usage:
 
@@ -204,25 +205,34 @@ def timed_diagnostics(durations):
     summary writing) to `durations`."""
     from pipelines import train as train_module
 
-    probe = train_module.probe_diagnostics
+    make_probe = train_module.diagnostics_probe
     write = train_module.write_diagnostics
     pending = {}
 
-    def timed_probe(*args, **kwargs):
-        pending["start"] = time.perf_counter()
-        return probe(*args, **kwargs)
+    def timed_make_probe(model, *args, **kwargs):
+        probe = make_probe(model, *args, **kwargs)
+        # The trainer copies the weights into the probed model first; that
+        # copy is part of the cost.
+        set_weights = model.set_weights
+
+        def timed_set_weights(*args, **kwargs):
+            pending["start"] = time.perf_counter()
+            return set_weights(*args, **kwargs)
+
+        model.set_weights = timed_set_weights
+        return probe
 
     def timed_write(*args, **kwargs):
         result = write(*args, **kwargs)
         durations.append(time.perf_counter() - pending.pop("start"))
         return result
 
-    train_module.probe_diagnostics = timed_probe
+    train_module.diagnostics_probe = timed_make_probe
     train_module.write_diagnostics = timed_write
     try:
         yield
     finally:
-        train_module.probe_diagnostics = probe
+        train_module.diagnostics_probe = make_probe
         train_module.write_diagnostics = write
 
 

@@ -470,6 +470,41 @@ def test_probe_diagnostics_second_path_via_model_loss(tiny_model):
     )
 
 
+def test_compiled_probe_matches_independent_forward_and_follows_weights():
+    """The compiled probe against the numpy-free reference forward, before
+    and after the weights change (a trace must not freeze the weights)."""
+    keras.utils.set_random_seed(4)
+    model = TinyModel()
+    tokens, targets, sample_weight = probe_batch(seed=5)
+    model(tokens)
+    probe = diag.diagnostics_probe(model)
+    for round_index in range(2):
+        result = probe(tokens, targets, sample_weight)
+        loss, _, scores, weights, mask, grad_scores, grad_query = (
+            reference_forward(model, tokens, targets, sample_weight)
+        )
+        stats = result["layers"]["attention_0"]
+        assert result["loss"] == pytest.approx(loss, rel=1e-5)
+        np.testing.assert_allclose(stats["weights"], weights, atol=1e-6)
+        assert stats["score_std"] == pytest.approx(
+            np.std(scores[mask]), rel=1e-5
+        )
+        assert stats["grad_norm_scores"] == pytest.approx(
+            np.linalg.norm(grad_scores), rel=1e-4
+        )
+        assert stats["grad_norm_query"] == pytest.approx(
+            np.linalg.norm(grad_query), rel=1e-4
+        )
+        eager = diag.probe_diagnostics(model, tokens, targets, sample_weight)
+        for key, value in eager["summary"].items():
+            assert result["summary"][key] == pytest.approx(value, rel=1e-5), key
+        # New weights for the second round.
+        kernel = model.attention.query_kernel
+        kernel.assign(kernel.numpy() * 3.0)
+    with pytest.raises(ValueError, match="ScaledDotProductAttention"):
+        diag.diagnostics_probe(keras.Sequential([keras.layers.Dense(2)]))
+
+
 def test_probe_diagnostics_averages_over_layers_and_writes(tmp_path):
     keras.utils.set_random_seed(2)
     inputs = keras.Input((5,), dtype="int32")
