@@ -737,9 +737,31 @@ def _train(config, task, strategy, is_chief, export_run, start_time,
         gradients = tape.gradient(scaled_loss, model.trainable_variables)
         return loss, correct / global_weight, gradients
 
-    if jit_compile:
-        # XLA compiles the pure computation; the optimizer's cross-replica
-        # update stays outside the compiled cluster.
+    def densify(gradients):
+        if not densify_gradients:
+            return gradients
+        return [
+            tf.reshape(tf.convert_to_tensor(g), v.shape)
+            for g, v in zip(gradients, model.trainable_variables)
+        ]
+
+    def forward_backward_update(tokens, targets, weights, global_weight):
+        loss, accuracy, gradients = forward_backward(
+            tokens, targets, weights, global_weight
+        )
+        optimizer.apply(densify(gradients), model.trainable_variables)
+        return loss, accuracy
+
+    # With one replica XLA compiles the whole step, update included, rather
+    # than running the optimizer's many small ops one by one outside it.
+    # With several, the optimizer's cross-replica update must stay outside
+    # the compiled cluster.
+    update_in_xla = jit_compile and num_replicas == 1
+    if update_in_xla:
+        forward_backward_update = tf.function(
+            forward_backward_update, jit_compile=True, autograph=False
+        )
+    elif jit_compile:
         forward_backward = tf.function(
             forward_backward, jit_compile=True, autograph=False
         )
@@ -752,19 +774,17 @@ def _train(config, task, strategy, is_chief, export_run, start_time,
             ),
             1e-12,
         )
+        if update_in_xla or not aggregate_in_step:
+            return forward_backward_update(
+                tokens, targets, weights, global_weight
+            )
         loss, accuracy, gradients = forward_backward(
             tokens, targets, weights, global_weight
         )
-        if densify_gradients:
-            gradients = [
-                tf.reshape(tf.convert_to_tensor(g), v.shape)
-                for g, v in zip(gradients, model.trainable_variables)
-            ]
-        if aggregate_in_step:
-            gradients = context.all_reduce(
-                tf.distribute.ReduceOp.SUM, gradients
-            )
-            gradients = [g / num_replicas for g in gradients]
+        gradients = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, densify(gradients)
+        )
+        gradients = [g / num_replicas for g in gradients]
         optimizer.apply(gradients, model.trainable_variables)
         return loss, accuracy
 

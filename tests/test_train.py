@@ -194,10 +194,13 @@ def test_logdir_with_another_run_is_refused_untouched(tmp_path, capsys):
 
 
 # ------------------------------------------------------------- training
-def test_first_step_is_the_hand_computed_sgd_update(tmp_path):
+@pytest.mark.parametrize("jit_compile", ["off", "on"])
+def test_first_step_is_the_hand_computed_sgd_update(tmp_path, jit_compile):
+    # With jit_compile="on" and one replica the update itself runs in XLA.
     config = TrainConfig(
         **TINY, steps=1, optimizer="sgd", learning_rate=0.3, momentum=0.9,
         warmup_steps=0, log_every=1, logdir=str(tmp_path / "run"),
+        jit_compile=jit_compile,
     )
     train(config)
 
