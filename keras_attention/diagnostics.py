@@ -19,6 +19,7 @@ The numeric helpers take and return numpy arrays so they can be used on any
 recorded attention, not only inside `probe_diagnostics`.
 """
 
+import functools
 import math
 
 import keras
@@ -486,11 +487,13 @@ def diagnostics_probe(model, loss_fn=None):
     layers = _check_model(model)
     loss_fn = _default_loss if loss_fn is None else loss_fn
 
-    @tf.function(autograph=False, reduce_retracing=True)
-    def forward_backward(tokens, targets, sample_weight):
-        return _forward_backward(
-            model, layers, loss_fn, tokens, targets, sample_weight
-        )
+    # A partial, not a closure: TensorFlow counts traces per code object, and
+    # a new probe for each run of a sweep would read as retracing.
+    forward_backward = tf.function(
+        functools.partial(_forward_backward, model, layers, loss_fn),
+        autograph=False,
+        reduce_retracing=True,
+    )
 
     def probe(tokens, targets, sample_weight):
         targets, sample_weight = _probe_targets(targets, sample_weight)
