@@ -52,6 +52,12 @@ def _flat_matmul(inputs, kernel):
     )
 
 
+def _heads_flat(kernel):
+    """A `(D, H, d)` projection kernel as the `(D, H * d)` matrix."""
+    features, heads, size = kernel.shape
+    return ops.reshape(kernel, (features, heads * size))
+
+
 def _project(inputs, kernel):
     """`inputs (B, T, D)` times `kernel (D, H, d)` -> `(B, T, H, d)`.
 
@@ -59,10 +65,8 @@ def _project(inputs, kernel):
     keras.ops.einsum lowers this pattern to custom ops that are about 3x
     slower under XLA.
     """
-    features, heads, size = kernel.shape
-    projected = _flat_matmul(
-        inputs, ops.reshape(kernel, (features, heads * size))
-    )
+    _, heads, size = kernel.shape
+    projected = _flat_matmul(inputs, _heads_flat(kernel))
     shape = ops.shape(inputs)
     return ops.reshape(projected, (shape[0], shape[1], heads, size))
 
@@ -386,11 +390,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
             )
             if path == "fused":
                 attended = self._fused_attention(q, k, v, mask, scale)
-            elif (
-                return_attention_scores
-                or dropout_active
-                or self._recorder is not None
-            ):
+            elif path == "explicit_weights":
                 attended, weights = self._explicit_attention(
                     q, k, v, mask, scale, dropout_active
                 )
@@ -426,13 +426,12 @@ class ScaledDotProductAttention(keras.layers.Layer):
         by side: one pass over the inputs, and one matmul (instead of three
         plus two sums) for the inputs' gradient. Measured up to 15% faster
         for a whole layer step under XLA by scripts/bench_layer.py."""
-        features = self.query_kernel.shape[0]
         heads, key_dim, value_dim = self.num_heads, self.key_dim, self.value_dim
         kernel = ops.concatenate(
             [
-                ops.reshape(self.query_kernel, (features, heads * key_dim)),
-                ops.reshape(self.key_kernel, (features, heads * key_dim)),
-                ops.reshape(self.value_kernel, (features, heads * value_dim)),
+                _heads_flat(self.query_kernel),
+                _heads_flat(self.key_kernel),
+                _heads_flat(self.value_kernel),
             ],
             axis=-1,
         )
@@ -448,6 +447,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
         )
 
     def _choose_path(self, query, key, need_weights, dropout_active):
+        """One of "memory_efficient", "fused", "explicit" (output only, with
+        the hand-written backward pass) and "explicit_weights" (the weights
+        materialised for the caller, dropout or the recorder)."""
         if need_weights or dropout_active or self._recorder is not None:
             if self.implementation == "memory_efficient" and need_weights:
                 raise ValueError(
@@ -456,7 +458,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
                     "`return_attention_scores=False` or use another "
                     "implementation."
                 )
-            return "explicit"
+            return "explicit_weights"
         fused_ok = self.value_dim == self.key_dim  # jax's fused op needs it
         if self.implementation == "fused" and not fused_ok:
             return "explicit"
