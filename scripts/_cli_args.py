@@ -26,3 +26,37 @@ def positive_int(name):
         return value
 
     return parse
+
+
+def positive_int_list(name):
+    """An argparse type for a comma-separated list of integers > 0."""
+
+    def parse(text):
+        try:
+            values = [int(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            values = []
+        if not values or any(value <= 0 for value in values):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a comma-separated list of positive integers; "
+                f"received {text!r}"
+            )
+        return values
+
+    return parse
+
+
+def subset_list(name, choices):
+    """An argparse type for a comma-separated subset of `choices`, in the
+    order given, without repeats."""
+
+    def parse(text):
+        values = [item.strip() for item in text.split(",") if item.strip()]
+        if not values or any(value not in choices for value in values):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a comma-separated subset of "
+                f"{','.join(choices)}; received {text!r}"
+            )
+        return list(dict.fromkeys(values))
+
+    return parse

@@ -35,7 +35,6 @@ machine: rerun a row with more `--repeats` before drawing conclusions.
 Bad arguments exit with status 2 and one line on stderr.
 """
 
-import argparse
 import os
 import platform
 import statistics
@@ -44,6 +43,8 @@ import time
 
 from _cli_args import OneLineErrorParser as _Parser
 from _cli_args import positive_int as _positive_int
+from _cli_args import positive_int_list as _positive_int_list
+from _cli_args import subset_list as _subset_list
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,32 +62,6 @@ SHORT_DEFAULTS = {"warmup": 2, "repeats": 5}
 LONG_DEFAULTS = {"warmup": 1, "repeats": 1}
 # Each timed sample strings together enough calls to last about this long.
 SAMPLE_SECONDS = 0.2
-
-
-def _positive_int_list(name):
-    def parse(text):
-        try:
-            values = [int(item) for item in text.split(",") if item.strip()]
-        except ValueError:
-            values = []
-        if not values or any(value <= 0 for value in values):
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a comma-separated list of positive integers; "
-                f"received {text!r}"
-            )
-        return values
-
-    return parse
-
-
-def _implementation_list(text):
-    values = [item.strip() for item in text.split(",") if item.strip()]
-    if not values or any(value not in IMPLEMENTATIONS for value in values):
-        raise argparse.ArgumentTypeError(
-            f"--implementations must be a comma-separated subset of "
-            f"{','.join(IMPLEMENTATIONS)}; received {text!r}"
-        )
-    return list(dict.fromkeys(values))
 
 
 def parse_args(argv=None):
@@ -176,7 +151,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--implementations",
-        type=_implementation_list,
+        type=_subset_list("--implementations", IMPLEMENTATIONS),
         default=["explicit", "fused"],
         help=(
             "comma-separated implementations of our layer to time "

@@ -33,7 +33,6 @@ Usage:
 Bad arguments exit with status 2 and one line on stderr.
 """
 
-import argparse
 import json
 import os
 import resource
@@ -44,6 +43,8 @@ import time
 
 from _cli_args import OneLineErrorParser as _Parser
 from _cli_args import positive_int as _positive_int
+from _cli_args import positive_int_list as _positive_int_list
+from _cli_args import subset_list as _subset_list
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -67,29 +68,6 @@ CHECK_SEQ_LEN = 300
 SUBPROCESS_TIMEOUT_S = 3600
 
 
-def _positive_int_list(text):
-    try:
-        values = [int(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        values = []
-    if not values or any(value <= 0 for value in values):
-        raise argparse.ArgumentTypeError(
-            "--seq-lens must be a comma-separated list of positive integers; "
-            f"received {text!r}"
-        )
-    return values
-
-
-def _case_list(text):
-    values = [item.strip() for item in text.split(",") if item.strip()]
-    if not values or any(value not in CASES for value in values):
-        raise argparse.ArgumentTypeError(
-            f"--cases must be a comma-separated subset of {','.join(CASES)}; "
-            f"received {text!r}"
-        )
-    return list(dict.fromkeys(values))
-
-
 def parse_args(argv=None):
     parser = _Parser(
         prog="bench_memory.py",
@@ -100,13 +78,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--seq-lens",
-        type=_positive_int_list,
+        type=_positive_int_list("--seq-lens"),
         default=[1024, 4096, 16384],
         help="comma-separated sequence lengths (default 1024,4096,16384)",
     )
     parser.add_argument(
         "--cases",
-        type=_case_list,
+        type=_subset_list("--cases", CASES),
         default=list(CASES),
         help=f"comma-separated subset of {','.join(CASES)} (default all)",
     )
