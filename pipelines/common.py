@@ -43,3 +43,20 @@ def check_writable_directory(path, argument="--logdir"):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{argument} {path} cannot be created: {parent} is not writable")
+
+
+def markdown_table(header, rows, left_columns=0):
+    """A Markdown table as a list of lines.
+
+    Args:
+        header: the column titles.
+        rows: lists of already formatted cells, one per column.
+        left_columns: how many leading columns are left-aligned; the rest
+            are right-aligned (numbers).
+    """
+    align = ["---"] * left_columns + ["---:"] * (len(header) - left_columns)
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(align) + "|",
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+    ]

@@ -57,6 +57,7 @@ import numpy as np
 
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
+from pipelines.common import markdown_table
 from pipelines.common import write_json_atomic
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
@@ -1174,11 +1175,10 @@ _TABLE_ROWS = (
 def key_dim_table(plan, results, key_dim):
     """The Markdown table of one key_dim: arms side by side (lines)."""
     trained = key_dim in plan.train_key_dims
-    header = "| | " + " | ".join(plan.arms) + " |"
-    lines = [header, "|---|" + "---:|" * len(plan.arms)]
+    rows = []
 
     def row(label, cells):
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        rows.append([label, *cells])
 
     if trained:
         row("final held-out accuracy", [
@@ -1211,7 +1211,7 @@ def key_dim_table(plan, results, key_dim):
                     for arm in plan.arms
                 ]
             row(f"{stage}: {label}", cells)
-    return lines
+    return markdown_table(["", *plan.arms], rows, left_columns=1)
 
 
 def _verdict_1(claim, variance_rows):
@@ -1451,14 +1451,21 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
         lines += [
             "## Score std at init in the model, unscaled / scaled vs √d_k",
             "",
-            "| d_k | scaled | unscaled | ratio | √d_k | ratio/√d_k − 1 |",
-            "|---:|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {r['key_dim']} | {r['scaled_score_std']:.3f} "
-            f"| {r['unscaled_score_std']:.3f} | {r['ratio']:.3f} "
-            f"| {r['sqrt_key_dim']:.3f} | {r['relative_error']:+.2%} |"
-            for r in ratios
+            *markdown_table(
+                ["d_k", "scaled", "unscaled", "ratio", "√d_k",
+                 "ratio/√d_k − 1"],
+                [
+                    [
+                        str(r["key_dim"]),
+                        f"{r['scaled_score_std']:.3f}",
+                        f"{r['unscaled_score_std']:.3f}",
+                        f"{r['ratio']:.3f}",
+                        f"{r['sqrt_key_dim']:.3f}",
+                        f"{r['relative_error']:+.2%}",
+                    ]
+                    for r in ratios
+                ],
+            ),
         ]
         lines.append("")
     entropy = claims["2"]["entropy"]
@@ -1466,20 +1473,25 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
         lines += [
             "## Softmax at init, scaled vs unscaled",
             "",
-            "| d_k | entropy/log(keys) scaled | unscaled | unscaled/scaled "
-            "| max weight scaled | unscaled | saturated rows scaled "
-            "| unscaled |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {r['key_dim']} | {_fmt(r['scaled_entropy_normalized'])} "
-            f"| {_fmt(r['unscaled_entropy_normalized'])} "
-            f"| {_fmt(_ratio(r['unscaled_entropy_normalized'], r['scaled_entropy_normalized']))} "
-            f"| {_fmt(r['scaled_max_weight'])} "
-            f"| {_fmt(r['unscaled_max_weight'])} "
-            f"| {_fmt(r['scaled_saturated_fraction'])} "
-            f"| {_fmt(r['unscaled_saturated_fraction'])} |"
-            for r in entropy
+            *markdown_table(
+                ["d_k", "entropy/log(keys) scaled", "unscaled",
+                 "unscaled/scaled", "max weight scaled", "unscaled",
+                 "saturated rows scaled", "unscaled"],
+                [
+                    [
+                        str(r["key_dim"]),
+                        _fmt(r["scaled_entropy_normalized"]),
+                        _fmt(r["unscaled_entropy_normalized"]),
+                        _fmt(_ratio(r["unscaled_entropy_normalized"],
+                                    r["scaled_entropy_normalized"])),
+                        _fmt(r["scaled_max_weight"]),
+                        _fmt(r["unscaled_max_weight"]),
+                        _fmt(r["scaled_saturated_fraction"]),
+                        _fmt(r["unscaled_saturated_fraction"]),
+                    ]
+                    for r in entropy
+                ],
+            ),
         ]
         lines.append("")
     gaps = claims["3"]["by_key_dim"]
@@ -1489,26 +1501,28 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
             "",
             "Gradient ratios are unscaled / scaled at init (probe batch).",
             "",
-            "| d_k | final accuracy scaled | unscaled | steps to target "
-            "scaled | unscaled | \\|dL/dscores\\| ratio "
-            "| \\|dL/dW_Q\\| ratio | \\|dL/dW_K\\| ratio |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        rows = []
         for g in gaps:
             records = {
                 arm: run_values(results, arm, g["key_dim"], lambda r: r)
                 for arm in ("scaled", "unscaled")
             }
-            cells = [
-                _fmt_mean_sd([r["final_accuracy"] for r in records[arm]])
-                for arm in ("scaled", "unscaled")
-            ] + [_fmt_steps(records[arm]) for arm in ("scaled", "unscaled")]
-            lines.append(
-                f"| {g['key_dim']} | " + " | ".join(cells)
-                + f" | {_fmt(g['grad_scores_ratio'])} "
-                f"| {_fmt(g['grad_query_ratio'])} "
-                f"| {_fmt(g['grad_key_ratio'])} |"
+            rows.append(
+                [str(g["key_dim"])]
+                + [_fmt_mean_sd([r["final_accuracy"] for r in records[arm]])
+                   for arm in ("scaled", "unscaled")]
+                + [_fmt_steps(records[arm]) for arm in ("scaled", "unscaled")]
+                + [_fmt(g["grad_scores_ratio"]), _fmt(g["grad_query_ratio"]),
+                   _fmt(g["grad_key_ratio"])]
             )
+        lines += markdown_table(
+            ["d_k", "final accuracy scaled", "unscaled",
+             "steps to target scaled", "unscaled",
+             "\\|dL/dscores\\| ratio", "\\|dL/dW_Q\\| ratio",
+             "\\|dL/dW_K\\| ratio"],
+            rows,
+        )
         lines.append("")
 
     lines += [

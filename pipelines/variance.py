@@ -21,6 +21,7 @@ import numpy as np
 from keras_attention.ops import attention_scores
 from keras_attention.ops import resolve_scale
 from pipelines.common import UsageError
+from pipelines.common import markdown_table as common_markdown_table
 from pipelines.common import write_json_atomic
 
 DEFAULT_KEY_DIMS = (16, 64, 256, 1024)
@@ -128,20 +129,23 @@ def variance_table(key_dims=DEFAULT_KEY_DIMS, num_samples=DEFAULT_SAMPLES,
 
 def markdown_table(rows):
     """The rows of `variance_table` as a Markdown table (a list of lines)."""
-    lines = [
-        "| d_k | Var(q·k) measured | theory (d_k) | Var(q·k/√d_k) measured "
-        "| theory | std q·k | √d_k | rel. std. error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['key_dim']} | {row['var_unscaled']:.2f} "
-            f"| {row['theory_unscaled']:.0f} | {row['var_scaled']:.4f} "
-            f"| {row['theory_scaled']:.0f} | {row['std_unscaled']:.2f} "
-            f"| {math.sqrt(row['key_dim']):.2f} "
-            f"| {row['relative_standard_error']:.2%} |"
-        )
-    return lines
+    return common_markdown_table(
+        ["d_k", "Var(q·k) measured", "theory (d_k)", "Var(q·k/√d_k) measured",
+         "theory", "std q·k", "√d_k", "rel. std. error"],
+        [
+            [
+                str(row["key_dim"]),
+                f"{row['var_unscaled']:.2f}",
+                f"{row['theory_unscaled']:.0f}",
+                f"{row['var_scaled']:.4f}",
+                f"{row['theory_scaled']:.0f}",
+                f"{row['std_unscaled']:.2f}",
+                f"{math.sqrt(row['key_dim']):.2f}",
+                f"{row['relative_standard_error']:.2%}",
+            ]
+            for row in rows
+        ],
+    )
 
 
 def _check_key_dims(key_dims):

@@ -491,3 +491,17 @@ def test_parallel_jobs_give_the_same_results(comparison, tmp_path):
         [r["init"]["score_std"] for r in document["runs"]],
         rtol=1e-5,
     )
+
+
+def test_markdown_table_hand_case():
+    from pipelines.common import markdown_table
+
+    assert markdown_table(["", "scaled", "unscaled"],
+                          [["loss", "0.1", "2.3"], ["acc", "1.0", "0.1"]],
+                          left_columns=1) == [
+        "|  | scaled | unscaled |",
+        "|---|---:|---:|",
+        "| loss | 0.1 | 2.3 |",
+        "| acc | 1.0 | 0.1 |",
+    ]
+    assert markdown_table(["d_k"], []) == ["| d_k |", "|---:|"]
