@@ -453,7 +453,6 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
     targets, sample_weight = _probe_targets(targets, sample_weight)
     loss_fn = _default_loss if loss_fn is None else loss_fn
     return _diagnostics_from(
-        layers,
         targets,
         sample_weight,
         *_forward_backward(model, layers, loss_fn, tokens, targets, sample_weight),
@@ -498,7 +497,6 @@ def diagnostics_probe(model, loss_fn=None):
     def probe(tokens, targets, sample_weight):
         targets, sample_weight = _probe_targets(targets, sample_weight)
         return _diagnostics_from(
-            layers,
             targets,
             sample_weight,
             *forward_backward(tokens, targets, sample_weight),
@@ -560,8 +558,7 @@ def _forward_backward(model, layers, loss_fn, tokens, targets, sample_weight):
     return logits, loss, records, gradients
 
 
-def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
-                      gradients):
+def _diagnostics_from(targets, sample_weight, logits, loss, records, gradients):
     correct = tf.cast(
         tf.equal(
             tf.argmax(logits, axis=-1, output_type=tf.int64),

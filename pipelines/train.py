@@ -774,7 +774,9 @@ def _train(config, task, strategy, is_chief, export_run, start_time,
             ),
             1e-12,
         )
-        if update_in_xla or not aggregate_in_step:
+        # With one replica (so always under update_in_xla) nothing is
+        # aggregated here.
+        if not aggregate_in_step:
             return forward_backward_update(
                 tokens, targets, weights, global_weight
             )
