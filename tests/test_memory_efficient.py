@@ -122,6 +122,21 @@ def _gradients(fn, query, key, value, scale, upstream):
     return output, tape.gradient(loss, [query, key, value, scale])
 
 
+def _assert_qkv_gradients_match_explicit(grads, query, key, value, upstream,
+                                         **masks):
+    """dq, dk, dv in `grads` equal the explicit path's under the same masks."""
+    _, ref_grads = _gradients(
+        lambda q, k, v, s: explicit_tf_attention(q, k, v, s, **masks),
+        query,
+        key,
+        value,
+        SCALE,
+        upstream,
+    )
+    for grad, ref_grad in zip(grads[:3], ref_grads[:3]):
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
+
+
 VALUE_CASES = [(case, (8, 16)) for case in sorted(MASK_CASES)] + [
     (case, (16, 8)) for case in ("none", "attention_b_h_t_s", "all_combined")
 ]
@@ -229,16 +244,9 @@ def test_fully_masked_rows_give_zero_output_and_finite_gradients():
     d_query, d_key, d_value = (g.numpy() for g in grads[:3])
     assert np.all(d_query[1] == 0.0) and np.all(d_query[0, [0, 17, 36]] == 0.0)
     assert np.all(d_key[1] == 0.0) and np.all(d_value[1] == 0.0)
-    _, ref_grads = _gradients(
-        lambda q, k, v, s: explicit_tf_attention(q, k, v, s, **masks),
-        query,
-        key,
-        value,
-        SCALE,
-        upstream,
+    _assert_qkv_gradients_match_explicit(
+        grads, query, key, value, upstream, **masks
     )
-    for grad, ref_grad in zip(grads[:3], ref_grads[:3]):
-        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -291,16 +299,9 @@ def test_runs_inside_xla_compiled_function():
     output, grads = step(*inputs)
     expected = numpy_attention(query, key, value, SCALE, **masks)
     np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
-    _, ref_grads = _gradients(
-        lambda q, k, v, s: explicit_tf_attention(q, k, v, s, **masks),
-        query,
-        key,
-        value,
-        SCALE,
-        upstream,
+    _assert_qkv_gradients_match_explicit(
+        grads, query, key, value, upstream, **masks
     )
-    for grad, ref_grad in zip(grads[:3], ref_grads[:3]):
-        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -349,18 +350,9 @@ def test_dynamic_shapes_in_tf_function(dynamic, chunks):
             query, key, value, SCALE, key_mask=key_mask, causal=True
         )
         np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
-        _, ref_grads = _gradients(
-            lambda q, k, v, s: explicit_tf_attention(
-                q, k, v, s, key_mask=key_mask, causal=True
-            ),
-            query,
-            key,
-            value,
-            SCALE,
-            upstream,
+        _assert_qkv_gradients_match_explicit(
+            grads, query, key, value, upstream, key_mask=key_mask, causal=True
         )
-        for grad, ref_grad in zip(grads, ref_grads[:3]):
-            np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), atol=1e-5)
 
 
 def test_learned_scale_variable_gets_gradient():
