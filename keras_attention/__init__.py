@@ -9,13 +9,13 @@ sequence models and synthetic tasks.
 
 from keras_attention.layer import ScaledDotProductAttention
 from keras_attention.models import FactoredEmbedding
-from keras_attention.models import attention_layers
 from keras_attention.models import build_sequence_model
-from keras_attention.layer import record_attention
 from keras_attention.ops import attention_entropy
 from keras_attention.ops import causal_mask
 from keras_attention.ops import masked_softmax
 from keras_attention.ops import scaled_dot_product_attention
+from keras_attention.recording import attention_layers
+from keras_attention.recording import record_attention
 
 __version__ = "0.1.0"
 

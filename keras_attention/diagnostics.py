@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.layer import _all_layers
-from keras_attention.layer import record_attention
+from keras_attention.recording import attention_layers
+from keras_attention.recording import record_attention
 from keras_attention.ops import attention_entropy
 
 # A row whose largest weight reaches this value is counted as saturated: the
@@ -349,11 +349,7 @@ def encode_png(image_uint8):
 
 def _attention_layers(model):
     """Maps name -> every `ScaledDotProductAttention` inside `model`."""
-    return {
-        layer.name: layer
-        for layer in _all_layers(model)
-        if isinstance(layer, ScaledDotProductAttention)
-    }
+    return {layer.name: layer for layer in attention_layers(model)}
 
 
 def _default_loss(targets, logits, sample_weight):

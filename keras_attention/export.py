@@ -29,8 +29,8 @@ import tempfile
 
 import keras
 
-from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.layer import record_attention
+from keras_attention.recording import attention_layers
+from keras_attention.recording import record_attention
 
 FORMATS = ("saved_model", "keras", "tflite")
 SERVING_SIGNATURE = "serving_default"
@@ -175,7 +175,7 @@ def serving_module(model):
     signatures = {
         SERVING_SIGNATURE: module.serving_default.get_concrete_function()
     }
-    if _has_attention_layers(model):
+    if attention_layers(model):
         module.attention = tf.function(attention, input_signature=[spec])
         signatures[ATTENTION_SIGNATURE] = (
             module.attention.get_concrete_function()
@@ -232,13 +232,6 @@ def _check_token_model(model):
             f"its output has shape {tuple(logits.shape)}."
         )
     return token_input.shape[1]
-
-
-def _has_attention_layers(model):
-    return any(
-        isinstance(layer, ScaledDotProductAttention)
-        for layer in model._flatten_layers(include_self=False, recursive=True)
-    )
 
 
 def _is_saved_model(path):

@@ -1,6 +1,5 @@
 """The `ScaledDotProductAttention` Keras layer."""
 
-import contextlib
 import math
 import numbers
 
@@ -8,6 +7,8 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
+from keras_attention.initializers import fresh
+from keras_attention.ops import SCALE_MODES
 
 try:  # Where Keras keeps a tensor's propagated mask (all backends).
     from keras.src.backend.common.masking import get_keras_mask as _keras_mask
@@ -16,7 +17,6 @@ except ImportError:  # pragma: no cover - older or newer Keras layouts
     def _keras_mask(tensor):
         return getattr(tensor, "_keras_mask", None)
 
-SCALE_MODES = ("sqrt", "none", "learned")
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
 
 # Above this many query-key pairs per head, `implementation="auto"` switches
@@ -69,15 +69,6 @@ def _project(inputs, kernel):
     projected = _flat_matmul(inputs, _heads_flat(kernel))
     shape = ops.shape(inputs)
     return ops.reshape(projected, (shape[0], shape[1], heads, size))
-
-
-def _fresh(initializer):
-    """A new instance of `initializer` for each weight.
-
-    A Keras 3 random initializer fixes its seed when it is created, so one
-    instance shared by W_Q, W_K and W_V would make them identical.
-    """
-    return initializer.__class__.from_config(initializer.get_config())
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -287,7 +278,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=_fresh(self.kernel_initializer),
+            initializer=fresh(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint,
         )
@@ -296,7 +287,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=_fresh(self.bias_initializer),
+            initializer=fresh(self.bias_initializer),
             regularizer=self.bias_regularizer,
             constraint=self.bias_constraint,
         )
@@ -680,52 +671,3 @@ class ScaledDotProductAttention(keras.layers.Layer):
             }
         )
         return config
-
-
-@contextlib.contextmanager
-def record_attention(model):
-    """Records each attention layer's scores, weights and mask during calls.
-
-    Inside the context every `ScaledDotProductAttention` layer of `model`
-    takes the explicit path and stores, under its name, the float32 scaled
-    pre-softmax `"scores"` `(B, H, T, S)`, the softmax `"weights"` and the
-    boolean `"mask"` (or `None`). Meant for eager diagnostics calls: the
-    recorded tensors are part of the computation, so a `tf.GradientTape`
-    around the call can differentiate the loss with respect to the scores.
-
-    Args:
-        model: a Keras layer or model containing attention layers.
-
-    Yields:
-        A dict mapping layer name to its record (filled by the calls).
-
-    Example:
-
-    >>> with record_attention(model) as records:
-    ...     model(tokens)
-    >>> records["attention_0"]["weights"].shape
-    """
-    layers = [
-        layer
-        for layer in _all_layers(model)
-        if isinstance(layer, ScaledDotProductAttention)
-    ]
-    if not layers:
-        raise ValueError(
-            "`model` contains no ScaledDotProductAttention layer to record."
-        )
-    records = {}
-    previous = [layer._recorder for layer in layers]
-    for layer in layers:
-        object.__setattr__(layer, "_recorder", records)
-    try:
-        yield records
-    finally:
-        for layer, recorder in zip(layers, previous):
-            object.__setattr__(layer, "_recorder", recorder)
-
-
-def _all_layers(model):
-    if isinstance(model, ScaledDotProductAttention):
-        return [model]
-    return list(model._flatten_layers(include_self=True, recursive=True))

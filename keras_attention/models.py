@@ -20,6 +20,7 @@ from keras import ops
 
 from keras_attention import ops as attention_ops
 from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.initializers import PerCallInitializer
 from keras_attention.layer import ScaledDotProductAttention
 
 NORM_MODES = ("pre", "post")
@@ -87,46 +88,6 @@ def _check_factors(factors, name="token_factors"):
 
 
 # ------------------------------------------------------------ initializers
-@keras.saving.register_keras_serializable(package="keras_attention")
-class PerCallInitializer(keras.initializers.Initializer):
-    """Wraps an unseeded initializer so that every call draws new values.
-
-    A Keras 3 random initializer fixes an integer seed when it is created,
-    so one instance used for several weights of the same shape returns the
-    same values each time (W_Q would equal W_K). This wrapper recreates the
-    wrapped initializer from its config at every call; the fresh instance
-    takes a new seed from the global random state, which
-    `keras.utils.set_random_seed` controls. Builds are therefore
-    reproducible under a global seed and every weight gets independent
-    values.
-
-    Args:
-        initializer: a Keras initializer (name, config or instance) without
-            an explicit seed.
-
-    Example:
-
-    >>> init = PerCallInitializer(keras.initializers.RandomNormal(0.0, 0.1))
-    >>> a, b = init((4, 4)), init((4, 4))  # different values
-    """
-
-    def __init__(self, initializer):
-        self.initializer = keras.initializers.get(initializer)
-
-    def __call__(self, shape, dtype=None):
-        fresh = self.initializer.__class__.from_config(
-            self.initializer.get_config()
-        )
-        return fresh(shape, dtype=dtype)
-
-    def get_config(self):
-        return {"initializer": keras.initializers.serialize(self.initializer)}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(keras.initializers.deserialize(config["initializer"]))
-
-
 def _normal(stddev):
     return PerCallInitializer(keras.initializers.RandomNormal(0.0, stddev))
 
@@ -608,27 +569,3 @@ def _initialize_query_key(attention, initializer, gain):
     for kernel in (attention.query_kernel, attention.key_kernel):
         values = initializer(kernel.shape, dtype=kernel.dtype)
         kernel.assign(values * gain)
-
-
-def attention_layers(model):
-    """The `ScaledDotProductAttention` layers of `model`, in build order.
-
-    Args:
-        model: a Keras model (nested models are searched too).
-
-    Returns:
-        A list of layers; empty if `model` has none.
-
-    Example:
-
-    >>> model = build_sequence_model(vocab_size=10, seq_len=8, num_layers=2)
-    >>> [layer.name for layer in attention_layers(model)]
-    ['attention_0', 'attention_1']
-    """
-    found = []
-    for layer in model.layers:
-        if isinstance(layer, ScaledDotProductAttention):
-            found.append(layer)
-        elif isinstance(layer, keras.Model):
-            found.extend(attention_layers(layer))
-    return found

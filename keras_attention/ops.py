@@ -22,6 +22,10 @@ from keras import ops
 # -inf, subtracting the row maximum from it can never produce NaN.
 _MASKED_SCORE = -1e30
 
+# The score scales: 1/sqrt(d_k), none (1), and a trainable scalar starting at
+# 1/sqrt(d_k). A positive number is accepted wherever a mode is.
+SCALE_MODES = ("sqrt", "none", "learned")
+
 
 def _check_rank(tensor, rank, name):
     if len(tensor.shape) != rank:

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 
+from pipelines.common import OneLineErrorParser
 from pipelines.common import UsageError
 
 COMMANDS = {
@@ -25,16 +26,8 @@ COMMANDS = {
 }
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Reports a bad flag as one line on stderr (exit 2), not usage + line;
-    `--help` still shows the full usage."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser():
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="keras-attention",
         description="Scaled dot-product attention: train, compare, export.",
     )

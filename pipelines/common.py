@@ -1,30 +1,66 @@
-"""Small helpers shared by the pipelines: usage errors and safe file writes."""
+"""What every pipeline shares: usage errors, safe writes, JSON, flag parsing.
 
+Nothing here imports another pipeline module; every pipeline may import it.
+"""
+
+import argparse
 import json
 import os
-import tempfile
+
+import numpy as np
+
+from keras_attention.files import atomic_path
 
 
 class UsageError(ValueError):
     """Bad flags or config values; the command line reports it and exits 2."""
 
 
-def write_json_atomic(path, data):
-    """Writes `data` as JSON to `path` via a temporary file and a rename.
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Reports a bad flag as one line on stderr (exit 2), not usage + line;
+    `--help` still shows the full usage."""
 
-    A crash mid-write leaves the previous file (or none), never half of one.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# ------------------------------------------------------------------ JSON
+def to_jsonable(value):
+    """numpy scalars and arrays (also inside dicts, lists and tuples) as
+    plain Python values that `json.dump` accepts. A 0-d array or numpy
+    number becomes a Python scalar; dict keys become strings."""
+    if isinstance(value, dict):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ---------------------------------------------------------------- writes
+def write_text_atomic(path, text):
+    """Writes `text` to `path` through `atomic_path`."""
+    with atomic_path(path) as temporary:
+        with open(temporary, "w") as handle:
+            handle.write(text)
+
+
+def write_bytes_atomic(path, data):
+    """Writes `data` (bytes) to `path` through `atomic_path`."""
+    with atomic_path(path) as temporary:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+
+
+def write_json_atomic(path, data):
+    """Writes `data` as indented, key-sorted JSON to `path`; numpy values are
+    converted by `to_jsonable`. A crash mid-write leaves the previous file
+    (or none), never half of one."""
+    text = json.dumps(to_jsonable(data), indent=2, sort_keys=True)
+    write_text_atomic(path, text + "\n")
 
 
 def check_writable_directory(path, argument="--logdir"):
@@ -45,6 +81,37 @@ def check_writable_directory(path, argument="--logdir"):
         raise UsageError(f"{argument} {path} cannot be created: {parent} is not writable")
 
 
+# --------------------------------------------------------------- parsing
+def parse_int_list(text, flag):
+    """`"16,64,256"` -> `[16, 64, 256]`; `UsageError` naming `flag` if not
+    a comma-separated list of distinct positive integers."""
+    try:
+        values = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        values = None
+    if not values or any(value < 1 for value in values) or len(
+        set(values)
+    ) != len(values):
+        raise UsageError(
+            f"{flag} must be a comma-separated list of distinct positive "
+            f"integers; got {text!r}"
+        )
+    return values
+
+
+def parse_count(text, flag, minimum):
+    """`text` as an integer of at least `minimum`, or `UsageError` naming
+    `flag`."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = minimum - 1
+    if value < minimum:
+        raise UsageError(f"{flag} must be an integer >= {minimum}; got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------- reports
 def markdown_table(header, rows, left_columns=0):
     """A Markdown table as a list of lines.
 

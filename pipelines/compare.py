@@ -58,6 +58,7 @@ import numpy as np
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import markdown_table
+from pipelines.common import parse_int_list
 from pipelines.common import write_json_atomic
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
@@ -65,7 +66,6 @@ from pipelines.config import add_train_arguments
 from pipelines.config import config_from_args
 from pipelines.config import load_config_file
 from pipelines.variance import markdown_table as variance_markdown_table
-from pipelines.variance import parse_int_list
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"

@@ -21,6 +21,7 @@ import numpy as np
 from keras_attention.ops import attention_scores
 from keras_attention.ops import resolve_scale
 from pipelines.common import UsageError
+from pipelines.common import parse_int_list
 from pipelines.common import markdown_table as common_markdown_table
 from pipelines.common import write_json_atomic
 
@@ -159,23 +160,6 @@ def _check_key_dims(key_dims):
             f"received {key_dims!r}."
         )
     return key_dims
-
-
-def parse_int_list(text, flag):
-    """`"16,64,256"` -> `[16, 64, 256]`; `UsageError` naming `flag` if not
-    a comma-separated list of distinct positive integers."""
-    try:
-        values = [int(part) for part in str(text).split(",") if part.strip()]
-    except ValueError:
-        values = None
-    if not values or any(value < 1 for value in values) or len(
-        set(values)
-    ) != len(values):
-        raise UsageError(
-            f"{flag} must be a comma-separated list of distinct positive "
-            f"integers; got {text!r}"
-        )
-    return values
 
 
 # ---------------------------------------------------------- command line

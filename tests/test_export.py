@@ -29,7 +29,7 @@ import tensorflow as tf
 from keras_attention import export as export_lib
 from keras_attention.export import export_model
 from keras_attention.export import serving_module
-from keras_attention.models import attention_layers
+from keras_attention.recording import attention_layers
 from keras_attention.models import build_sequence_model
 from pipelines.cli import main
 from pipelines.config import TrainConfig

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.layer import record_attention
 from keras_attention.models import FactoredEmbedding
-from keras_attention.models import attention_layers
 from keras_attention.models import build_sequence_model
+from keras_attention.recording import attention_layers
+from keras_attention.recording import record_attention
 
 _numpy = keras.ops.convert_to_numpy
 
