@@ -1,0 +1,71 @@
+"""Argument checks shared by the library's public functions and layers.
+
+Each raises `ValueError` naming the argument and what was expected, the
+message form Keras uses (`` `key_dim` must be a positive integer; received
+0. ``). The pipelines check their flags themselves (with the flag's name),
+so a value is checked once at each public boundary.
+"""
+
+import math
+import numbers
+
+import numpy as np
+
+
+def is_int(value):
+    """A Python or numpy integer, not a bool."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(
+        value, numbers.Integral
+    )
+
+
+def is_positive_real(value):
+    """A finite real number > 0, not a bool."""
+    return (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, numbers.Real)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def check_int(value, name, minimum=1, allow_none=False, expected=None):
+    """Returns `value` as a Python int, or raises `ValueError` naming `name`.
+
+    Args:
+        value: the argument.
+        name: its name, for the message.
+        minimum: the smallest value accepted.
+        allow_none: also accept (and return) `None`.
+        expected: how the message describes the valid values (default: "a
+            positive integer" or "an integer >= minimum").
+    """
+    if value is None and allow_none:
+        return None
+    if not is_int(value) or value < minimum:
+        if expected is None:
+            expected = (
+                "a positive integer" if minimum == 1
+                else f"an integer >= {minimum}"
+            )
+            if allow_none:
+                expected += " or None"
+        raise ValueError(f"`{name}` must be {expected}; received {value!r}.")
+    return int(value)
+
+
+def check_bool(value, name):
+    """Returns `value` as a Python bool, or raises `ValueError`."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be True or False; received {value!r}.")
+    return bool(value)
+
+
+def check_choice(value, name, choices):
+    """Returns `value` if it is one of `choices`, else raises `ValueError`."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {', '.join(map(repr, choices))}; "
+            f"received {value!r}."
+        )
+    return value
