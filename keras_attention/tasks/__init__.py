@@ -1,0 +1,117 @@
+"""Synthetic sequence tasks for attention experiments, as `tf.data` pipelines.
+
+Floor 2 (beside models, diagnostics and export): the tasks import only
+TensorFlow, numpy and the core floor (`keras_attention.validation`); nothing
+in the library imports them except the pipelines above. Inside the package,
+`_streams` (random streams, input-pipeline sharding) is imported by `base`
+(`SequenceTask`), which is imported by the task families `sequences`
+(reverse, sort, copy) and `recall`; this module gathers them by name.
+
+Every task produces batches `(tokens, targets, weights)`:
+
+- `tokens`: int32 `(batch, seq_len)` input ids, `0` is padding.
+- `targets`: int32 `(batch, seq_len)` class ids, one per position.
+- `weights`: float32 `(batch, seq_len)`, `1.0` on positions that are scored
+  and `0.0` everywhere else (padding, inputs that need no prediction).
+
+A batch is a pure function of `(seed, step)`: it is drawn with stateless
+random ops keyed on `(seed, stream tag, step)`, so any step's batch can be
+regenerated and a resumed run continues the same stream. Held-out data comes
+from a different stream tag and therefore never shares random draws with the
+training stream.
+
+Tasks (`TASK_NAMES`):
+
+- `"recall"`: one-hop associative recall, the query must match a key by
+  content. See `RecallTask`.
+- `"reverse"`: predict the input sequence reversed. See `ReverseTask`.
+- `"sort"`: predict the input tokens in ascending order. See `SortTask`.
+- `"copy"`: read a sequence, then write it out again after a delimiter.
+  See `CopyTask`.
+
+Example:
+
+```python
+task = make_task("recall", num_pairs=16, num_keys=64, num_values=16)
+train = task.dataset(batch_size=64, seed=0)
+tokens, targets, weights = task.batch(seed=0, step=0, batch_size=64)
+eval_tokens, eval_targets, eval_weights = task.heldout(num_examples=512)
+```
+"""
+
+import inspect
+
+from keras_attention.tasks.base import SequenceTask
+from keras_attention.tasks.recall import RecallTask
+from keras_attention.tasks.sequences import CopyTask
+from keras_attention.tasks.sequences import ReverseTask
+from keras_attention.tasks.sequences import SortTask
+
+_TASKS = {
+    "recall": RecallTask,
+    "reverse": ReverseTask,
+    "sort": SortTask,
+    "copy": CopyTask,
+}
+
+TASK_NAMES = tuple(_TASKS)
+
+
+def make_task(name, **options):
+    """Builds a task by name.
+
+    Args:
+        name: One of `TASK_NAMES`.
+        **options: Constructor options of that task (see `RecallTask`,
+            `ReverseTask`, `SortTask`, `CopyTask`). An option the task does not
+            take raises `ValueError`, except when its value is None (unset),
+            so callers can pass one set of options for every task.
+
+    Returns:
+        A `SequenceTask`.
+
+    Raises:
+        ValueError: for an unknown task name, an option the task does not
+            take, or an option value the task refuses.
+
+    Example:
+
+    >>> task = make_task("copy", seq_len=11, vocab_size=8, min_len=2)
+    >>> task.name, task.num_classes
+    ('copy', 8)
+    """
+    if name not in _TASKS:
+        raise ValueError(
+            f"`name` must be one of {TASK_NAMES}; received {name!r}."
+        )
+    task_class = _TASKS[name]
+    accepted = [
+        parameter
+        for parameter in inspect.signature(task_class.__init__).parameters
+        if parameter != "self"
+    ]
+    unknown = sorted(
+        option
+        for option, value in options.items()
+        if option not in accepted and value is not None
+    )
+    if unknown:
+        raise ValueError(
+            f"Unknown option(s) {unknown} for task {name!r}; "
+            f"accepted options: {accepted}."
+        )
+    return task_class(
+        **{option: value for option, value in options.items()
+           if option in accepted}
+    )
+
+
+__all__ = [
+    "TASK_NAMES",
+    "CopyTask",
+    "RecallTask",
+    "ReverseTask",
+    "SequenceTask",
+    "SortTask",
+    "make_task",
+]

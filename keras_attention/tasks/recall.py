@@ -1,0 +1,98 @@
+"""`RecallTask`: one-hop associative recall over (key, value) pair tokens."""
+
+import tensorflow as tf
+
+from keras_attention.tasks import _streams
+from keras_attention.tasks.base import SequenceTask
+from keras_attention.validation import check_int
+
+
+class RecallTask(SequenceTask):
+    """One-hop associative recall: the query must match a key by content.
+
+    Each example holds `num_pairs` (key, value) pairs, one per position, keys
+    distinct and drawn from `num_keys`, values drawn (with repetition) from
+    `num_values`; the last position holds a query key taken from the pairs.
+    The target at the query position is the value paired with that key
+    (weight 1 only there); chance accuracy is `1 / num_values`.
+
+    Id layout: every position is one pair token,
+    `id = 1 + key * (num_values + 1) + value_slot`, with
+    `value_slot = value` on pair positions and `value_slot = num_values`
+    ("no value") on the query position; `0` is padding (unused here). So
+    `vocab_size = 1 + num_keys * (num_values + 1)` and
+    `token_factors = (num_keys, num_values + 1)`: `id - 1` written in that
+    mixed radix is `(key, value_slot)`, letting a model embed a token as
+    key embedding + value embedding. Targets are values,
+    `num_classes = num_values`; `seq_len = num_pairs + 1`.
+
+    Args:
+        num_pairs: Number of (key, value) pairs, at least 1.
+        num_keys: Size of the key alphabet, at least `num_pairs`.
+        num_values: Size of the value alphabet, at least 2.
+        seq_len: Optional; if given it must equal `num_pairs + 1`.
+
+    Example:
+
+    >>> task = RecallTask(num_pairs=4, num_keys=8, num_values=4)
+    >>> task.seq_len, task.vocab_size, task.token_factors
+    (5, 41, (8, 5))
+    """
+
+    name = "recall"
+
+    def __init__(self, num_pairs=16, num_keys=64, num_values=16, seq_len=None):
+        super().__init__(
+            num_pairs=num_pairs,
+            num_keys=num_keys,
+            num_values=num_values,
+            seq_len=seq_len,
+        )
+        self.num_pairs = check_int(num_pairs, "num_pairs")
+        self.num_keys = check_int(
+            num_keys,
+            "num_keys",
+            minimum=self.num_pairs,
+            expected=f"an integer >= num_pairs ({self.num_pairs}) so that "
+            "keys are distinct",
+        )
+        self.num_values = check_int(num_values, "num_values", minimum=2)
+        if seq_len is not None and seq_len != self.num_pairs + 1:
+            raise ValueError(
+                f"`seq_len` for recall must be num_pairs + 1 = "
+                f"{self.num_pairs + 1} (or None); received {seq_len!r}."
+            )
+        self.seq_len = self.num_pairs + 1
+        self.vocab_size = 1 + self.num_keys * (self.num_values + 1)
+        self.num_classes = self.num_values
+        self.token_factors = (self.num_keys, self.num_values + 1)
+        self.min_len = None
+
+    def _generate(self, key, batch_size):
+        key_key, value_key, query_key = _streams.split_key(key, 3)
+        # The indices of the top `num_pairs` of i.i.d. noise are a uniformly
+        # random set of distinct keys in random order.
+        noise = tf.random.stateless_uniform(
+            [batch_size, self.num_keys], seed=key_key, alg=_streams.RNG_ALG
+        )
+        keys = tf.math.top_k(noise, k=self.num_pairs, sorted=True).indices
+        values = _streams.uniform_ints(
+            value_key, [batch_size, self.num_pairs], 0, self.num_values
+        )
+        query_index = _streams.uniform_ints(
+            query_key, [batch_size], 0, self.num_pairs
+        )
+        query = tf.gather(keys, query_index, batch_dims=1)
+        answer = tf.gather(values, query_index, batch_dims=1)
+
+        radix = self.num_values + 1
+        pair_ids = 1 + keys * radix + values
+        query_ids = 1 + query * radix + self.num_values
+        tokens = tf.concat([pair_ids, query_ids[:, None]], axis=1)
+        no_target = tf.zeros([batch_size, self.num_pairs], tf.int32)
+        targets = tf.concat([no_target, answer[:, None]], axis=1)
+        weights = tf.concat(
+            [tf.zeros([batch_size, self.num_pairs]), tf.ones([batch_size, 1])],
+            axis=1,
+        )
+        return self._finish(tokens, targets, weights, batch_size)
