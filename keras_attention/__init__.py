@@ -3,12 +3,23 @@
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V
 
 The package offers the `ScaledDotProductAttention` layer, its functional core
-(`scaled_dot_product_attention`, `attention_entropy`), diagnostics, toy
-sequence models and synthetic tasks.
+(`scaled_dot_product_attention`, `attention_entropy`, masks), toy sequence
+models with their embeddings, synthetic tasks, attention diagnostics for
+TensorBoard and model export.
+
+Floors (a module imports only from its own floor, without cycles, or below):
+
+- 0, core: `ops`, `memory_efficient`, `files`, `validation`, `initializers`;
+- 1, the layer: `layer` (and its private helpers), `recording`;
+- 2, built on the layer: `embeddings`, `models`, `tasks`, `diagnostics`,
+  `export`.
+
+The pipelines (`pipelines/`) sit above the package and are never imported
+by it. This module re-exports the names most users need.
 """
 
+from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.models import FactoredEmbedding
 from keras_attention.models import build_sequence_model
 from keras_attention.ops import attention_entropy
 from keras_attention.ops import causal_mask

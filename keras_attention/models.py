@@ -2,9 +2,9 @@
 
 `build_sequence_model` returns a functional Keras model mapping int32 token
 ids `(B, T)` to per-token float32 logits `(B, T, num_classes)`: token and
-learned position embeddings, `num_layers` blocks of `ScaledDotProductAttention`
-plus a feed-forward network, each with a residual connection and layer
-normalization, and a per-token classifier.
+learned position embeddings (`keras_attention.embeddings`), `num_layers`
+blocks of `ScaledDotProductAttention` plus a feed-forward network, each with
+a residual connection and layer normalization, and a per-token classifier.
 
 Models that differ only in the attention `scale` (or `qk_norm`) start from
 identical values of every weight they share, so a comparison between them
@@ -16,12 +16,18 @@ import numbers
 
 import keras
 import numpy as np
-from keras import ops
 
 from keras_attention import ops as attention_ops
-from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.embeddings import FactoredEmbedding
+from keras_attention.embeddings import PositionEmbedding
+from keras_attention.embeddings import check_factors
 from keras_attention.initializers import PerCallInitializer
+from keras_attention.layer import IMPLEMENTATIONS
 from keras_attention.layer import ScaledDotProductAttention
+from keras_attention.validation import check_bool
+from keras_attention.validation import check_choice
+from keras_attention.validation import check_int
+from keras_attention.validation import is_positive_real
 
 NORM_MODES = ("pre", "post")
 QK_INIT_MODES = ("unit", "glorot")
@@ -30,61 +36,6 @@ QK_INIT_MODES = ("unit", "glorot")
 # variance of a freshly initialized residual stream and would shrink the
 # normalized components below unit variance.
 _NORM_EPSILON = 1e-6
-
-
-# --------------------------------------------------------------- validation
-def _is_int(value):
-    return not isinstance(value, (bool, np.bool_)) and isinstance(
-        value, numbers.Integral
-    )
-
-
-def _is_bool(value):
-    return isinstance(value, (bool, np.bool_))
-
-
-def _is_positive_real(value):
-    return (
-        not isinstance(value, (bool, np.bool_))
-        and isinstance(value, numbers.Real)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
-def _check_int(value, name, minimum=1, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if not _is_int(value) or value < minimum:
-        expected = (
-            "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        )
-        if allow_none:
-            expected += " or None"
-        raise ValueError(f"`{name}` must be {expected}; received {value!r}.")
-    return int(value)
-
-
-def _check_bool(value, name):
-    if not _is_bool(value):
-        raise ValueError(f"`{name}` must be True or False; received {value!r}.")
-    return bool(value)
-
-
-def _check_factors(factors, name="token_factors"):
-    if isinstance(factors, (str, bytes)) or not isinstance(
-        factors, (tuple, list)
-    ):
-        raise ValueError(
-            f"`{name}` must be a non-empty tuple of positive integers "
-            f"(radices); received {factors!r}."
-        )
-    if not factors or not all(_is_int(r) and r >= 1 for r in factors):
-        raise ValueError(
-            f"`{name}` must be a non-empty tuple of positive integers "
-            f"(radices); received {factors!r}."
-        )
-    return tuple(int(r) for r in factors)
 
 
 # ------------------------------------------------------------ initializers
@@ -98,184 +49,6 @@ def _query_key_initializer(qk_init_std, d_model):
     if isinstance(qk_init_std, str) and qk_init_std == "glorot":
         return PerCallInitializer("glorot_uniform")
     return _normal(float(qk_init_std))
-
-
-# ------------------------------------------------------------------ layers
-@keras.saving.register_keras_serializable(package="keras_attention")
-class FactoredEmbedding(keras.layers.Layer):
-    """Embeds a token whose id encodes several factors as a sum of embeddings.
-
-    Token id `t > 0` stands for the mixed-radix digits
-    `(d_1, ..., d_n)` of `t - 1` with radices `factors = (r_1, ..., r_n)`,
-    most significant first: `t - 1 = d_1 r_2 ... r_n + ... + d_{n-1} r_n
-    + d_n`. Its embedding is `E_1[d_1] + ... + E_n[d_n]`, one table
-    `E_i` of shape `(r_i, output_dim)` per factor. Id `0` is padding: its
-    embedding is zero and, with `mask_zero=True`, it is masked. Valid ids
-    are `0 .. prod(factors)`.
-
-    A (key, value) pair token is thus embedded as key embedding + value
-    embedding, and a query token that shares the key shares that part of its
-    embedding.
-
-    Args:
-        factors: tuple of radices `(r_1, ..., r_n)`, positive integers.
-        output_dim: embedding width.
-        mask_zero: whether id 0 produces a `False` mask entry.
-        embeddings_initializer: initializer of the tables.
-        **kwargs: base layer arguments such as `name` and `dtype`.
-
-    Example:
-
-    >>> layer = FactoredEmbedding((8, 5), output_dim=16)
-    >>> tokens = keras.ops.array([[1, 7, 40, 0]], dtype="int32")
-    >>> tuple(layer(tokens).shape)
-    (1, 4, 16)
-    """
-
-    def __init__(
-        self,
-        factors,
-        output_dim,
-        mask_zero=True,
-        embeddings_initializer="uniform",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.factors = _check_factors(factors, "factors")
-        self.output_dim = _check_int(output_dim, "output_dim")
-        self.mask_zero = _check_bool(mask_zero, "mask_zero")
-        self.embeddings_initializer = keras.initializers.get(
-            embeddings_initializer
-        )
-        # Place value of each digit: the product of the radices after it.
-        self._strides = tuple(
-            int(np.prod(self.factors[i + 1 :], dtype=np.int64))
-            for i in range(len(self.factors))
-        )
-        self.supports_masking = mask_zero
-
-    @property
-    def input_dim(self):
-        """Number of ids, padding included: `1 + prod(factors)`."""
-        return 1 + int(np.prod(self.factors, dtype=np.int64))
-
-    def build(self, input_shape=None):
-        # One initializer instance would give tables of equal shape equal
-        # values; draw each table anew.
-        initializer = PerCallInitializer(self.embeddings_initializer)
-        self.tables = [
-            self.add_weight(
-                name=f"embeddings_{i}",
-                shape=(radix, self.output_dim),
-                initializer=initializer,
-            )
-            for i, radix in enumerate(self.factors)
-        ]
-
-    def call(self, inputs):
-        inputs = ops.cast(inputs, "int32")
-        is_token = ops.greater(inputs, 0)
-        # Padding maps to digit 0 of every table, then to a zero vector.
-        offset = ops.maximum(inputs - 1, 0)
-        embedding = None
-        for table, radix, stride in zip(
-            self.tables, self.factors, self._strides
-        ):
-            digit = ops.mod(ops.floor_divide(offset, stride), radix)
-            rows = ops.take(table, digit, axis=0)
-            embedding = rows if embedding is None else embedding + rows
-        return ops.where(
-            ops.expand_dims(is_token, -1), embedding, ops.zeros_like(embedding)
-        )
-
-    def compute_mask(self, inputs, mask=None):
-        if not self.mask_zero:
-            return None
-        return ops.not_equal(inputs, 0)
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.output_dim,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "factors": list(self.factors),
-                "output_dim": self.output_dim,
-                "mask_zero": self.mask_zero,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-class PositionEmbedding(keras.layers.Layer):
-    """Adds a learned embedding of each position to a `(B, T, D)` input.
-
-    The table has `max_len` rows; a call uses the first `T`. The input's
-    mask passes through unchanged.
-
-    Args:
-        max_len: the longest sequence the layer accepts.
-        embeddings_initializer: initializer of the `(max_len, D)` table.
-        **kwargs: base layer arguments such as `name` and `dtype`.
-
-    Example:
-
-    >>> layer = PositionEmbedding(max_len=16)
-    >>> tuple(layer(keras.ops.zeros((2, 10, 8))).shape)
-    (2, 10, 8)
-    """
-
-    def __init__(self, max_len, embeddings_initializer="uniform", **kwargs):
-        super().__init__(**kwargs)
-        self.max_len = _check_int(max_len, "max_len")
-        self.embeddings_initializer = keras.initializers.get(
-            embeddings_initializer
-        )
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        if input_shape[-1] is None:
-            raise ValueError(
-                "The last dimension of the input of PositionEmbedding must be "
-                f"known; received shape {tuple(input_shape)}."
-            )
-        if input_shape[1] is not None and input_shape[1] > self.max_len:
-            raise ValueError(
-                f"Sequence length {input_shape[1]} exceeds `max_len` "
-                f"{self.max_len}."
-            )
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.max_len, input_shape[-1]),
-            initializer=self.embeddings_initializer,
-        )
-
-    def call(self, inputs):
-        length = ops.shape(inputs)[1]
-        positions = ops.slice(
-            self.embeddings, (0, 0), (length, ops.shape(self.embeddings)[1])
-        )
-        return inputs + ops.cast(positions, inputs.dtype)[None, :, :]
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "max_len": self.max_len,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
-            }
-        )
-        return config
 
 
 # ------------------------------------------------------------------- model
@@ -389,9 +162,9 @@ def build_sequence_model(
     >>> tuple(model(keras.ops.ones((2, 5), dtype="int32")).shape)
     (2, 5, 4)
     """
-    vocab_size = _check_int(vocab_size, "vocab_size", minimum=2)
-    seq_len = _check_int(seq_len, "seq_len", allow_none=True)
-    max_len = _check_int(max_len, "max_len", allow_none=True)
+    vocab_size = check_int(vocab_size, "vocab_size", minimum=2)
+    seq_len = check_int(seq_len, "seq_len", allow_none=True)
+    max_len = check_int(max_len, "max_len", allow_none=True)
     if seq_len is None and max_len is None:
         raise ValueError(
             "`max_len` is required when `seq_len` is None (variable length): "
@@ -402,23 +175,20 @@ def build_sequence_model(
             f"`max_len` must be at least `seq_len` ({seq_len}); received "
             f"{max_len}."
         )
-    num_classes = _check_int(num_classes, "num_classes", allow_none=True)
+    num_classes = check_int(num_classes, "num_classes", allow_none=True)
     num_classes = vocab_size if num_classes is None else num_classes
-    d_model = _check_int(d_model, "d_model")
-    num_layers = _check_int(num_layers, "num_layers")
-    key_dim = _check_int(key_dim, "key_dim")
-    num_heads = _check_int(num_heads, "num_heads")
-    value_dim = _check_int(value_dim, "value_dim", allow_none=True)
+    d_model = check_int(d_model, "d_model")
+    num_layers = check_int(num_layers, "num_layers")
+    key_dim = check_int(key_dim, "key_dim")
+    num_heads = check_int(num_heads, "num_heads")
+    value_dim = check_int(value_dim, "value_dim", allow_none=True)
     if not (isinstance(scale, str) and scale == "learned"):
         attention_ops.resolve_scale(scale, key_dim)  # raises naming `scale`
-    qk_norm = _check_bool(qk_norm, "qk_norm")
-    causal = _check_bool(causal, "causal")
-    mask_padding = _check_bool(mask_padding, "mask_padding")
-    if norm not in NORM_MODES:
-        raise ValueError(
-            f"`norm` must be one of {NORM_MODES}; received {norm!r}."
-        )
-    ff_dim = _check_int(ff_dim, "ff_dim", minimum=0, allow_none=True)
+    qk_norm = check_bool(qk_norm, "qk_norm")
+    causal = check_bool(causal, "causal")
+    mask_padding = check_bool(mask_padding, "mask_padding")
+    check_choice(norm, "norm", NORM_MODES)
+    ff_dim = check_int(ff_dim, "ff_dim", minimum=0, allow_none=True)
     ff_dim = 4 * d_model if ff_dim is None else ff_dim
     if (
         isinstance(dropout, (bool, np.bool_))
@@ -429,7 +199,7 @@ def build_sequence_model(
             f"`dropout` must be a number in [0, 1); received {dropout!r}."
         )
     if token_factors is not None:
-        token_factors = _check_factors(token_factors)
+        token_factors = check_factors(token_factors)
         expected_vocab = 1 + int(np.prod(token_factors, dtype=np.int64))
         if vocab_size != expected_vocab:
             raise ValueError(
@@ -440,22 +210,18 @@ def build_sequence_model(
             )
     if not (
         (isinstance(qk_init_std, str) and qk_init_std in QK_INIT_MODES)
-        or _is_positive_real(qk_init_std)
+        or is_positive_real(qk_init_std)
     ):
         raise ValueError(
             f"`qk_init_std` must be one of {QK_INIT_MODES} or a positive "
             f"number; received {qk_init_std!r}."
         )
-    if not _is_positive_real(qk_init_gain):
+    if not is_positive_real(qk_init_gain):
         raise ValueError(
             "`qk_init_gain` must be a positive finite number; received "
             f"{qk_init_gain!r}."
         )
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}; received "
-            f"{implementation!r}."
-        )
+    check_choice(implementation, "implementation", IMPLEMENTATIONS)
     if not isinstance(name, str) or not name:
         raise ValueError(
             f"`name` must be a non-empty string; received {name!r}."

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.models import FactoredEmbedding
+from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.models import build_sequence_model
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
