@@ -3,9 +3,12 @@
 import math
 
 import keras
+import matplotlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.util import tensor_util
 
 from keras_attention import diagnostics as diag
 from keras_attention.layer import ScaledDotProductAttention
@@ -45,10 +48,10 @@ def test_uniform_and_one_hot_entropy_and_saturation():
     uniform = np.full((1, 1, 2, 4), 0.25)
     one_hot = np.zeros((1, 1, 2, 4))
     one_hot[..., 1] = 1.0
-    stats_uniform = diag._layer_statistics(
+    stats_uniform = diag.layer_statistics(
         {"weights": uniform, "scores": np.zeros_like(uniform), "mask": None}
     )
-    stats_hot = diag._layer_statistics(
+    stats_hot = diag.layer_statistics(
         {"weights": one_hot, "scores": np.zeros_like(one_hot), "mask": None}
     )
     np.testing.assert_allclose(stats_uniform["entropy_normalized"], [1.0], 1e-6)
@@ -113,7 +116,7 @@ def test_statistics_are_finite_for_fully_masked_rows_and_saturation():
     mask = np.ones((2, 2, 3, 4), bool)
     mask[1, :, 2] = False
     scores = np.where(mask, 1e4, 0.0)
-    stats = diag._layer_statistics(
+    stats = diag.layer_statistics(
         {"weights": weights, "scores": scores, "mask": mask}
     )
     for key in ("entropy", "entropy_normalized", "max_weight", "entropy_rows"):
@@ -123,6 +126,21 @@ def test_statistics_are_finite_for_fully_masked_rows_and_saturation():
 
 
 # ---------------------------------------------------------------- images
+
+
+def test_colorize_is_matplotlib_viridis():
+    # Matplotlib's own lookup, called directly, is the reference.
+    reference = matplotlib.colormaps["viridis"]
+    values = np.linspace(0.0, 1.0, 257)
+    expected = reference(values, bytes=True)[:, :3]
+    np.testing.assert_array_equal(diag.colorize(values), expected)
+    # Another range and shape: (values - vmin) / (vmax - vmin) is looked up.
+    grid = np.linspace(-2.0, 6.0, 24).reshape(2, 3, 4)
+    np.testing.assert_array_equal(
+        diag.colorize(grid, -2.0, 6.0),
+        reference((grid + 2.0) / 8.0, bytes=True)[..., :3],
+    )
+    assert diag.colorize(0.5).shape == (3,)
 
 
 def test_colorize_lightness_is_monotonic_and_endpoints_distinct():
@@ -187,13 +205,13 @@ def read_events(logdir):
     """tag -> list of (step, plugin name, numpy value) from the event files."""
     events = {}
     for path in tf.io.gfile.glob(f"{logdir}/events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(path):
+        for event in event_file_loader.EventFileLoader(path).Load():
             for value in event.summary.value:
                 events.setdefault(value.tag, []).append(
                     (
                         event.step,
                         value.metadata.plugin_data.plugin_name,
-                        tf.make_ndarray(value.tensor),
+                        tensor_util.make_ndarray(value.tensor),
                     )
                 )
     return events
@@ -203,7 +221,7 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
     weights = np.zeros((4, 2, 3, 5))
     weights[:, 0] = 0.2  # head 0 uniform over 5 keys
     weights[:, 1, :, 0] = 1.0  # head 1 one-hot
-    stats = diag._layer_statistics(
+    stats = diag.layer_statistics(
         {"weights": weights, "scores": np.zeros_like(weights), "mask": None}
     )
     stats.update(
@@ -275,7 +293,7 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
 
 def test_write_diagnostics_shrinks_cells_of_long_sequences(tmp_path):
     weights = np.full((1, 1, 100, 300), 1.0 / 300)
-    stats = diag._layer_statistics(
+    stats = diag.layer_statistics(
         {"weights": weights, "scores": np.zeros_like(weights), "mask": None}
     )
     stats.update(
@@ -462,7 +480,7 @@ def test_probe_diagnostics_second_path_via_model_loss(tiny_model):
         tokens,
         targets,
         sample_weight,
-        loss_fn=lambda y, logits, w: 2.0 * diag._default_loss(y, logits, w),
+        loss_fn=lambda y, logits, w: 2.0 * diag.default_loss(y, logits, w),
     )
     assert doubled["loss"] == pytest.approx(2 * result["loss"], rel=1e-6)
     assert doubled["layers"]["attention_0"]["grad_norm_query"] == pytest.approx(

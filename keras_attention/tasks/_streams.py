@@ -42,7 +42,9 @@ def check_step(step):
     """Accepts a non-negative integer step, or a tensor."""
     if tf.is_tensor(step):
         return step
-    return check_int(step, "step", minimum=0, expected="a non-negative integer")
+    return check_int(
+        step, "step", minimum=0, expected="a non-negative integer"
+    )
 
 
 def stream_keys(seed, tag, counter):

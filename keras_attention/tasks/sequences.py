@@ -38,14 +38,19 @@ class _PaddedSymbolsTask(SequenceTask):
         self.min_len = _check_min_len(min_len, self.seq_len, "seq_len")
         self.num_classes = self.vocab_size
 
-    def _content(self, key, batch_size):
-        """Random symbols on the first `length` positions, padding after."""
+    def _generate(self, key, batch_size):
+        # Random symbols on the first `length` positions, padding after.
         symbols, lengths = self._symbols_and_lengths(
             key, batch_size, self.seq_len
         )
         valid = tf.range(self.seq_len)[None, :] < lengths[:, None]
         tokens = tf.where(valid, symbols, self.pad_id)
-        return tokens, lengths, valid
+        targets = self._targets(tokens, lengths, valid)
+        return self._finish(tokens, targets, valid, batch_size)
+
+    def _targets(self, tokens, lengths, valid):
+        """The targets of padded `tokens` with content `lengths`."""
+        raise NotImplementedError
 
 
 class ReverseTask(_PaddedSymbolsTask):
@@ -75,13 +80,9 @@ class ReverseTask(_PaddedSymbolsTask):
 
     name = "reverse"
 
-    def _generate(self, key, batch_size):
-        tokens, lengths, valid = self._content(key, batch_size)
+    def _targets(self, tokens, lengths, valid):
         # Reverses only the first `length` entries; padding stays in place.
-        targets = tf.reverse_sequence(
-            tokens, lengths, seq_axis=1, batch_axis=0
-        )
-        return self._finish(tokens, targets, valid, batch_size)
+        return tf.reverse_sequence(tokens, lengths, seq_axis=1, batch_axis=0)
 
 
 class SortTask(_PaddedSymbolsTask):
@@ -109,14 +110,12 @@ class SortTask(_PaddedSymbolsTask):
 
     name = "sort"
 
-    def _generate(self, key, batch_size):
-        tokens, _, valid = self._content(key, batch_size)
+    def _targets(self, tokens, lengths, valid):
         # Padding is lifted above every symbol so it sorts to the end.
         sorted_tokens = tf.sort(
             tf.where(valid, tokens, self.vocab_size), axis=1
         )
-        targets = tf.where(valid, sorted_tokens, 0)
-        return self._finish(tokens, targets, valid, batch_size)
+        return tf.where(valid, sorted_tokens, 0)
 
 
 class CopyTask(SequenceTask):

@@ -1,0 +1,61 @@
+"""Attention diagnostics for TensorBoard, computed on a fixed probe batch.
+
+Floor 2 (beside models, tasks and export): imports the layer floor
+(`keras_attention.recording`) and the core (`ops`, `validation`), never the
+pipelines. Inside the package, `statistics` (numpy statistics and
+`SUMMARY_KEYS`) and `heatmaps` (colour map, heat-map tiles, PNG) import
+nothing of the package; `probe` builds on `statistics`, `summaries` on
+`heatmaps`.
+
+The training pipeline probes every few hundred steps, outside the training
+step, with the compiled `diagnostics_probe` (`probe_diagnostics` is the
+eager, one-off form of the same computation), and hands the result to
+`write_diagnostics`. One forward and backward pass on the probe batch gives,
+for every `ScaledDotProductAttention` layer:
+
+* how peaked the attention is: per-head mean softmax entropy (raw and
+  normalised by the log of the number of attendable keys), mean maximum
+  weight and the fraction of saturated rows;
+* how spread the pre-softmax scores are (`score_std`), which is what the
+  `1/sqrt(d_k)` scale controls;
+* how much gradient reaches the projections and the scores (vanishing
+  gradients through a saturated softmax show up here first);
+* the weights themselves, rendered as heatmap images.
+
+The numeric helpers take and return numpy arrays so they can be used on any
+recorded attention, not only inside the probe.
+"""
+
+from keras_attention.diagnostics.heatmaps import COLORMAP
+from keras_attention.diagnostics.heatmaps import attention_heatmaps
+from keras_attention.diagnostics.heatmaps import colorize
+from keras_attention.diagnostics.heatmaps import encode_png
+from keras_attention.diagnostics.probe import default_loss
+from keras_attention.diagnostics.probe import diagnostics_probe
+from keras_attention.diagnostics.probe import probe_diagnostics
+from keras_attention.diagnostics.statistics import SATURATION_THRESHOLD
+from keras_attention.diagnostics.statistics import SUMMARY_KEYS
+from keras_attention.diagnostics.statistics import layer_statistics
+from keras_attention.diagnostics.statistics import max_weight
+from keras_attention.diagnostics.statistics import saturated_fraction
+from keras_attention.diagnostics.statistics import score_std
+from keras_attention.diagnostics.summaries import MAX_HEATMAP_SIDE
+from keras_attention.diagnostics.summaries import write_diagnostics
+
+__all__ = [
+    "COLORMAP",
+    "MAX_HEATMAP_SIDE",
+    "SATURATION_THRESHOLD",
+    "SUMMARY_KEYS",
+    "attention_heatmaps",
+    "colorize",
+    "default_loss",
+    "diagnostics_probe",
+    "encode_png",
+    "layer_statistics",
+    "max_weight",
+    "probe_diagnostics",
+    "saturated_fraction",
+    "score_std",
+    "write_diagnostics",
+]
