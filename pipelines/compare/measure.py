@@ -15,7 +15,8 @@ from keras_attention.diagnostics import probe_diagnostics
 from pipelines.common import write_bytes_atomic
 from pipelines.compare.runner import read_metrics
 from pipelines.compare.tensorboard import write_run_hparams_metrics
-from pipelines.train import build_model, build_task, resolve_precision, restore_model
+from pipelines.train import (build_model, build_task, resolve_precision,
+                             restore_model)
 
 HEATMAP_DIR = "heatmaps"
 

@@ -12,6 +12,23 @@ from pipelines.compare.formats import fmt
 _UNIT_STD_RANGE = (0.75, 1.25)
 # The control arms, in the order the verdict discusses them.
 _CONTROL_ARMS = ("saturated_init", "compensated_init", "learned", "qk_norm")
+# The controls that explain a gap: what each starts from, and what it means
+# when it learned (reached the target on a seed) or failed.
+_INIT_CONTROLS = {
+    "saturated_init": (
+        "the scale but starts from the unscaled model's saturated scores",
+        "it still learned, so the scale helps beyond the starting point.",
+        "it failed too, so what stalls learning is the saturated start, not "
+        "the missing divisor as such.",
+    ),
+    "compensated_init": (
+        "no scale but starts from unsaturated scores",
+        "it learned, so an unsaturated start recovers much of what the scale "
+        "gives.",
+        "it failed as well, so an unsaturated start alone did not rescue the "
+        "unscaled model here.",
+    ),
+}
 
 
 def status_word(holds):
@@ -168,26 +185,12 @@ def control_lines(arms, key_dim, gap):
         return [f"At d_k {key_dim}, {outcome(name)}."
                 for name in _CONTROL_ARMS if ran(name)]
     lines = []
-    if ran("saturated_init"):
-        learned = arms["saturated_init"]["reached"] > 0
-        lines.append(
-            f"Control at d_k {key_dim}: {outcome('saturated_init')}. It has "
-            "the scale but starts from the unscaled model's saturated scores; "
-            + ("it still learned, so the scale helps beyond the starting "
-               "point." if learned else
-               "it failed too, so what stalls learning is the saturated "
-               "start, not the missing divisor as such.")
-        )
-    if ran("compensated_init"):
-        learned = arms["compensated_init"]["reached"] > 0
-        lines.append(
-            f"Control at d_k {key_dim}: {outcome('compensated_init')}. It has "
-            "no scale but starts from unsaturated scores; "
-            + ("it learned, so an unsaturated start recovers much of what "
-               "the scale gives." if learned else
-               "it failed as well, so an unsaturated start alone did not "
-               "rescue the unscaled model here.")
-        )
+    for name, (start, learned, failed) in _INIT_CONTROLS.items():
+        if ran(name):
+            lines.append(
+                f"Control at d_k {key_dim}: {outcome(name)}. It has {start}; "
+                + (learned if arms[name]["reached"] > 0 else failed)
+            )
     lines += [f"At d_k {key_dim}, {outcome(name)}."
               for name in ("learned", "qk_norm") if ran(name)]
     return lines
