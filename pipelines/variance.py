@@ -21,8 +21,8 @@ import numpy as np
 from keras_attention.ops import attention_scores
 from keras_attention.ops import resolve_scale
 from pipelines.common import UsageError
+from pipelines.common import markdown_table
 from pipelines.common import parse_int_list
-from pipelines.common import markdown_table as common_markdown_table
 from pipelines.common import write_json_atomic
 
 DEFAULT_KEY_DIMS = (16, 64, 256, 1024)
@@ -128,9 +128,9 @@ def variance_table(key_dims=DEFAULT_KEY_DIMS, num_samples=DEFAULT_SAMPLES,
     return rows
 
 
-def markdown_table(rows):
+def variance_markdown(rows):
     """The rows of `variance_table` as a Markdown table (a list of lines)."""
-    return common_markdown_table(
+    return markdown_table(
         ["d_k", "Var(q·k) measured", "theory (d_k)", "Var(q·k/√d_k) measured",
          "theory", "std q·k", "√d_k", "rel. std. error"],
         [
@@ -204,7 +204,7 @@ def run(args):
         "Var(q·k) for q, k with independent N(0, 1) components "
         f"({samples} pairs per d_k):"
     )
-    print("\n".join(markdown_table(rows)))
+    print("\n".join(variance_markdown(rows)))
     if args.output:
         write_json_atomic(args.output, {"rows": rows})
     return 0

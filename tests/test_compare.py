@@ -7,7 +7,6 @@ TensorBoard itself serves from that log directory.
 """
 
 import contextlib
-import glob
 import io
 import json
 import math
@@ -23,10 +22,12 @@ import urllib.request
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
+from keras_attention.diagnostics import _SUMMARY_KEYS as SUMMARY_KEYS  # integrator: SUMMARY_KEYS public
 from pipelines import cli
 from pipelines import compare
+from pipelines.config import TrainConfig
+from pipelines.train import read_event_scalars  # integrator: pipelines.tensorboard
 
 ARMS = ("scaled", "unscaled")
 TRAINED_KEY_DIM = 16
@@ -52,13 +53,6 @@ TINY_FLAGS = [
     "--jit-compile", "off",  # compiling would cost more than 20 steps
 ]
 
-SUMMARY_KEYS = {
-    "score_std", "entropy", "entropy_normalized", "max_weight",
-    "saturated_fraction", "grad_norm_query", "grad_norm_key",
-    "grad_norm_scores",
-}
-
-
 def _run_cli(argv, capsys):
     status = cli.main(argv)
     captured = capsys.readouterr()
@@ -77,23 +71,6 @@ def comparison(tmp_path_factory):
     with open(os.path.join(logdir, "comparison.json")) as handle:
         document = json.load(handle)
     return logdir, out.getvalue(), document
-
-
-def _event_scalars(directory):
-    """`{tag: {step: value}}` of the scalar summaries in `directory`, read
-    straight from the event files."""
-    values = {}
-    for path in sorted(glob.glob(os.path.join(directory,
-                                              "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.HasField("tensor"):
-                    array = tf.make_ndarray(value.tensor)
-                    if array.shape == () and array.dtype.kind == "f":
-                        values.setdefault(value.tag, {})[event.step] = float(
-                            array
-                        )
-    return values
 
 
 def _report_table(report, key_dim, trained=True):
@@ -133,8 +110,8 @@ def test_writes_every_output_with_the_schema(comparison):
         assert record["steps_to_target"] is None or (
             0 <= record["steps_to_target"] <= STEPS
         )
-        assert set(record["init"]) == SUMMARY_KEYS
-        assert set(record["final"]) == SUMMARY_KEYS
+        assert set(record["init"]) == set(SUMMARY_KEYS)
+        assert set(record["final"]) == set(SUMMARY_KEYS)
         assert all(math.isfinite(v) for v in record["init"].values())
         run_dir = os.path.join(
             logdir, f"{record['arm']}-dk{TRAINED_KEY_DIM}-seed0"
@@ -176,7 +153,7 @@ def test_report_numbers_equal_event_files_and_json(comparison):
     for record in document["runs"]:
         arm = record["arm"]
         run_dir = os.path.join(logdir, f"{arm}-dk{TRAINED_KEY_DIM}-seed0")
-        events = _event_scalars(os.path.join(run_dir, "eval"))
+        events = read_event_scalars(os.path.join(run_dir, "eval"))
         final_step = max(events["accuracy"])
         assert final_step == STEPS
         accuracy = events["accuracy"][final_step]
@@ -192,7 +169,7 @@ def test_report_numbers_equal_event_files_and_json(comparison):
             assert _close_to_cell(table[f"init: {label}"][arm], initial)
             assert _close_to_cell(table[f"final: {label}"][arm], final)
         # The per-run HParams metrics hold the same numbers.
-        hparams_metrics = _event_scalars(os.path.join(run_dir, "compare"))
+        hparams_metrics = read_event_scalars(os.path.join(run_dir, "compare"))
         assert hparams_metrics["final_accuracy"][STEPS] == pytest.approx(
             accuracy, abs=1e-6
         )
@@ -231,7 +208,7 @@ def test_arms_share_initial_weights_up_to_the_scale(comparison):
 
 def test_init_only_probe_reproduces_the_runs_initial_state(comparison):
     logdir, _, document = comparison
-    config = compare.TrainConfig.from_dict(
+    config = TrainConfig.from_dict(
         json.load(open(os.path.join(
             logdir, f"unscaled-dk{TRAINED_KEY_DIM}-seed0", "config.json"
         )))

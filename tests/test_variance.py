@@ -69,9 +69,9 @@ def test_bad_arguments_raise_value_error():
         variance.variance_table([4], 1)
 
 
-def test_markdown_table_has_a_row_per_key_dim():
+def test_variance_markdown_has_a_row_per_key_dim():
     rows = variance.variance_table([4, 9], 500, seed=0)
-    lines = variance.markdown_table(rows)
+    lines = variance.variance_markdown(rows)
     assert len(lines) == 4
     cells = [cell.strip() for cell in lines[3].strip("|").split("|")]
     assert cells[0] == "9"

@@ -1,0 +1,189 @@
+"""What a comparison measures: the probe diagnostics of initial and trained
+weights, the heat maps of probe attention, and one record per trained run.
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_attention.diagnostics import _SUMMARY_KEYS as SUMMARY_KEYS  # integrator: SUMMARY_KEYS public
+from keras_attention.diagnostics import attention_heatmaps
+from keras_attention.diagnostics import encode_png
+from keras_attention.diagnostics import probe_diagnostics
+from pipelines.common import write_bytes_atomic
+from pipelines.compare.runner import read_metrics
+from pipelines.compare.tensorboard import write_run_hparams_metrics
+from pipelines.train import (build_model, build_task, resolve_precision,
+                             restore_model)
+
+HEATMAP_DIR = "heatmaps"
+
+
+# ---------------------------------------------------------------- probes
+def _probe_batch(config, task):
+    heldout = task.heldout(config.heldout_size, config.seed)
+    return tuple(array[: config.probe_size] for array in heldout)
+
+
+def probe_at_init(config):
+    """The probe diagnostics of a run's initial weights, without training.
+
+    Rebuilds the model exactly as the training pipeline does (global seed,
+    then build), so the weights are those the run starts from.
+
+    Returns:
+        The dict of `keras_attention.diagnostics.probe_diagnostics`.
+    """
+    config = config.resolve()
+    task = build_task(config)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(_run_precision(config))
+    try:
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, task)
+        return probe_diagnostics(model, *_probe_batch(config, task))
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+        keras.backend.clear_session()
+
+
+def _run_precision(config):
+    """The dtype policy a run of `config` trains under on this machine."""
+    accelerator = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return resolve_precision(config.precision, accelerator)
+
+
+def probe_trained(config):
+    """The probe diagnostics of a finished run's trained model."""
+    config = config.resolve()
+    model = restore_model(config.logdir)
+    try:
+        return probe_diagnostics(
+            model, *_probe_batch(config, build_task(config))
+        )
+    finally:
+        del model
+        keras.backend.clear_session()
+
+
+def _summary(diagnostics_summary):
+    """The `SUMMARY_KEYS` of a diagnostics summary as floats (or None)."""
+    if not diagnostics_summary:
+        return None
+    return {
+        key: (
+            float(diagnostics_summary[key])
+            if diagnostics_summary.get(key) is not None
+            else None
+        )
+        for key in SUMMARY_KEYS
+    }
+
+
+# ------------------------------------------------------------ heat maps
+def heatmap_png(diagnostics, cell_pixels=12):
+    """PNG bytes of the first probe example's attention, all heads of the
+    first attention layer side by side (queries down, keys across)."""
+    first_layer = sorted(diagnostics["layers"])[0]
+    weights = np.asarray(diagnostics["layers"][first_layer]["weights"])
+    images = attention_heatmaps(weights, num_examples=1,
+                                cell_pixels=cell_pixels)
+    gap = np.full((images.shape[1], cell_pixels // 2, 3), 255, np.uint8)
+    row = []
+    for index, image in enumerate(images):
+        if index:
+            row.append(gap)
+        row.append(image)
+    return encode_png(np.concatenate(row, axis=1))
+
+
+# ------------------------------------------------------------ collect
+def _run_record(spec, metrics):
+    diagnostics = metrics.get("diagnostics") or {}
+    init = diagnostics.get("init") or {}
+    final = diagnostics.get("final") or {}
+    return {
+        "arm": spec.arm,
+        "key_dim": spec.key_dim,
+        "seed": spec.seed,
+        "run": spec.name,
+        "final_accuracy": metrics.get("heldout_accuracy"),
+        "final_loss": metrics.get("heldout_loss"),
+        "steps": metrics.get("steps"),
+        "steps_to_target": metrics.get("steps_to_target"),
+        "target_accuracy": metrics.get("target_accuracy"),
+        "diverged_at_step": metrics.get("diverged_at_step"),
+        "wall_time_s": metrics.get("wall_time_s"),
+        "eval_history": metrics.get("eval_history"),
+        "init": _summary(init.get("summary")),
+        "final": _summary(final.get("summary")),
+    }
+
+
+def _trained_record(spec):
+    """The record of a finished run; writes its HParams metrics."""
+    metrics = read_metrics(spec.config.logdir)
+    if metrics is None:
+        raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
+    record = _run_record(spec, metrics)
+    write_run_hparams_metrics(spec.config.logdir, record,
+                              record["steps"] or 0)
+    return record
+
+
+def _write_heatmaps(spec, init, heatmap_dir):
+    """Writes the spec's heat maps at init (and trained, when it was);
+    returns their entries for the report."""
+    stages = [("init", init)]
+    if spec.trained:
+        stages.append(("final", probe_trained(spec.config)))
+    entries = []
+    for stage, diagnostics in stages:
+        filename = f"{spec.name}-{stage}.png"
+        write_bytes_atomic(os.path.join(heatmap_dir, filename),
+                           heatmap_png(diagnostics))
+        entries.append(
+            {"arm": spec.arm, "key_dim": spec.key_dim,
+             "seed": spec.seed, "stage": stage,
+             "path": f"{HEATMAP_DIR}/{filename}"}
+        )
+    return entries
+
+
+def collect(plan, log=print):
+    """Reads the trained runs, measures the untrained key dims at init and
+    renders the heat maps.
+
+    Returns:
+        A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
+    """
+    runs, init_only, heatmaps = [], [], []
+    heatmap_dir = os.path.join(plan.logdir, HEATMAP_DIR)
+    os.makedirs(heatmap_dir, exist_ok=True)
+    heatmap_key_dim = (
+        plan.train_key_dims[-1] if plan.train_key_dims else plan.key_dims[-1]
+    )
+    heatmap_seed = plan.seeds[0]
+    for spec in plan.runs():
+        wants_heatmap = (
+            spec.key_dim == heatmap_key_dim and spec.seed == heatmap_seed
+        )
+        if spec.trained:
+            runs.append(_trained_record(spec))
+        init = None
+        if wants_heatmap or not spec.trained:
+            init = probe_at_init(spec.config)
+        if not spec.trained:
+            init_only.append(
+                {
+                    "arm": spec.arm,
+                    "key_dim": spec.key_dim,
+                    "seed": spec.seed,
+                    "init": _summary(init["summary"]),
+                }
+            )
+        if wants_heatmap:
+            heatmaps += _write_heatmaps(spec, init, heatmap_dir)
+    return {"runs": runs, "init_only": init_only, "heatmaps": heatmaps}

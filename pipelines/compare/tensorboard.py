@@ -1,0 +1,109 @@
+"""What a comparison adds to TensorBoard: each run's HParams metrics, the
+HParams experiment at the comparison's root, and the claim scalars over d_k.
+"""
+
+import glob
+import os
+import shutil
+
+import numpy as np
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hp
+
+from pipelines.compare.claims import group_final_accuracy
+from pipelines.compare.claims import group_init
+
+CLAIMS_DIR = "claims"
+HPARAMS_GROUP = "compare"
+
+# The init statistics plotted over d_k, and those kept as HParams metrics.
+_CLAIM_SCALARS = ("score_std", "entropy_normalized", "saturated_fraction",
+                  "grad_norm_scores")
+_INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
+                 "grad_norm_scores")
+
+
+def _write_scalars(directory, values, step):
+    writer = tf.summary.create_file_writer(directory)
+    with writer.as_default():
+        for tag, value in values.items():
+            tf.summary.scalar(tag, float(value), step=int(step))
+    writer.close()
+
+
+def write_run_hparams_metrics(run_dir, record, steps):
+    """Writes the HParams metrics of one run to `run_dir/compare/`.
+
+    Tags: `final_accuracy`, `steps_to_target` (when reached),
+    `init_entropy`, `init_entropy_normalized`, `init_score_std`,
+    `init_grad_norm_scores`, all at step `steps`. The directory is rewritten
+    from scratch, so rerunning a comparison never duplicates them.
+    """
+    directory = os.path.join(run_dir, HPARAMS_GROUP)
+    shutil.rmtree(directory, ignore_errors=True)
+    values = {"final_accuracy": record["final_accuracy"]}
+    if record["steps_to_target"] is not None:
+        values["steps_to_target"] = record["steps_to_target"]
+    for key in _INIT_METRICS:
+        if record["init"] and record["init"].get(key) is not None:
+            values[f"init_{key}"] = record["init"][key]
+    _write_scalars(directory, values, steps)
+
+
+# integrator: pipelines.tensorboard.write_experiment (one HParams experiment
+# writer for train and compare)
+def write_experiment(logdir, plan):
+    """Writes the HParams experiment (hparams and metrics) at `logdir`."""
+    for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+        os.remove(path)
+    hparams = [
+        hp.HParam("arm", hp.Discrete(list(plan.arms))),
+        hp.HParam("key_dim", hp.Discrete(list(plan.train_key_dims))),
+        hp.HParam("seed", hp.Discrete(list(plan.seeds))),
+        hp.HParam("scale"),
+        hp.HParam("qk_norm"),
+        hp.HParam("task"),
+        hp.HParam("optimizer"),
+        hp.HParam("learning_rate"),
+        hp.HParam("d_model"),
+    ]
+    metrics = [
+        hp.Metric(tag, group=group, display_name=name)
+        for tag, group, name in (
+            ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
+            ("steps_to_target", HPARAMS_GROUP, "steps to target"),
+            ("init_entropy_normalized", HPARAMS_GROUP,
+             "initial entropy (normalized)"),
+            ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
+            ("init_score_std", HPARAMS_GROUP, "initial score std"),
+            ("init_grad_norm_scores", HPARAMS_GROUP,
+             "initial |dL/dscores|"),
+            ("accuracy", "eval", "held-out accuracy"),
+        )
+    ]
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default():
+        hp.hparams_config(hparams=hparams, metrics=metrics)
+    writer.close()
+
+
+def write_claim_scalars(logdir, results):
+    """Per-arm scalars over d_k in `logdir/claims/<arm>/` (step = d_k)."""
+    root = os.path.join(logdir, CLAIMS_DIR)
+    shutil.rmtree(root, ignore_errors=True)
+    for arm, by_key_dim in group_init(results).items():
+        writer = tf.summary.create_file_writer(os.path.join(root, arm))
+        with writer.as_default():
+            for key_dim, summaries in sorted(by_key_dim.items()):
+                for key in _CLAIM_SCALARS:
+                    tf.summary.scalar(
+                        f"init/{key}",
+                        float(np.mean([s[key] for s in summaries])),
+                        step=key_dim,
+                    )
+            for key_dim, accuracies in sorted(
+                group_final_accuracy(results, arm).items()
+            ):
+                tf.summary.scalar("final/accuracy", float(np.mean(accuracies)),
+                                  step=key_dim)
+        writer.close()
