@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from keras_attention.diagnostics import _SUMMARY_KEYS as SUMMARY_KEYS  # integrator: SUMMARY_KEYS public
+from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines.compare import ComparisonPlan
 from pipelines.compare import evaluate_claims
 from pipelines.compare import render_report

@@ -23,7 +23,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from keras_attention.diagnostics import _SUMMARY_KEYS as SUMMARY_KEYS  # integrator: SUMMARY_KEYS public
+from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
 from pipelines import compare
 from pipelines.config import TrainConfig

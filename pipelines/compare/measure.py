@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attention.diagnostics import _SUMMARY_KEYS as SUMMARY_KEYS  # integrator: SUMMARY_KEYS public
+from keras_attention.diagnostics import SUMMARY_KEYS
 from keras_attention.diagnostics import attention_heatmaps
 from keras_attention.diagnostics import encode_png
 from keras_attention.diagnostics import probe_diagnostics
