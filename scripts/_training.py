@@ -1,6 +1,8 @@
-"""What the trainer benchmarks (`bench_train.py`, `gpu_check.py`) share: the
-resolved configuration, the run settings that keep evaluation, diagnostics
-and checkpoints out of the way, and the trainer's steady throughput.
+"""The pipeline's trainer under measurement, for `bench_train.py` and
+`gpu_check.py`: the resolved configuration, the run settings that keep
+evaluation, diagnostics and checkpoints out of the way, the trainer's steady
+throughput, and the instruments that time its diagnostics calls and take its
+input pipeline out of the loop.
 
 Apart from `_bench.py` because it needs the training pipeline, which
 `bench_layer.py` and `bench_memory.py` do not.
@@ -10,9 +12,12 @@ import contextlib
 import os
 import statistics
 import tempfile
+import time
 
 import _bench  # noqa: F401  (first: backend, log level, sys.path)
 
+from keras_attention.tasks import SequenceTask
+from pipelines import train as train_module
 from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.config import Layer
@@ -73,3 +78,54 @@ def train_and_time(config, warmup, prefix, contexts=()):
                 stack.enter_context(context)
             metrics = train(config.replace(logdir=logdir))
         return steady_steps_per_second(logdir, warmup), metrics
+
+
+@contextlib.contextmanager
+def in_memory_data():
+    """Replaces every task's training stream by its first batch, cached in
+    memory and repeated (same sharding, shapes and dtypes)."""
+    original = SequenceTask.dataset
+
+    def cached(self, *args, **kwargs):
+        return original(self, *args, **kwargs).take(1).cache().repeat()
+
+    SequenceTask.dataset = cached
+    try:
+        yield
+    finally:
+        SequenceTask.dataset = original
+
+
+@contextlib.contextmanager
+def timed_diagnostics(durations):
+    """Appends the seconds of each diagnostics call of the trainer (probe and
+    summary writing) to `durations`."""
+    make_probe = train_module.diagnostics_probe
+    write = train_module.write_diagnostics
+    pending = {}
+
+    def timed_make_probe(model, *args, **kwargs):
+        probe = make_probe(model, *args, **kwargs)
+        # The trainer copies the weights into the probed model first; that
+        # copy is part of the cost.
+        set_weights = model.set_weights
+
+        def timed_set_weights(*args, **kwargs):
+            pending["start"] = time.perf_counter()
+            return set_weights(*args, **kwargs)
+
+        model.set_weights = timed_set_weights
+        return probe
+
+    def timed_write(*args, **kwargs):
+        result = write(*args, **kwargs)
+        durations.append(time.perf_counter() - pending.pop("start"))
+        return result
+
+    train_module.diagnostics_probe = timed_make_probe
+    train_module.write_diagnostics = timed_write
+    try:
+        yield
+    finally:
+        train_module.diagnostics_probe = make_probe
+        train_module.write_diagnostics = write
