@@ -23,7 +23,7 @@ sys.path.insert(0, REPO_ROOT)
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from pipelines.common import OneLineErrorParser  # noqa: E402,F401
+from pipelines.common import OneLineErrorParser  # noqa: E402
 
 # --clock: elapsed time, or the CPU time of this process (all threads), which
 # other jobs on a shared machine disturb far less.
@@ -96,6 +96,12 @@ def subset_list(name, choices):
         return list(dict.fromkeys(values))
 
     return parse
+
+
+def parser(prog, description):
+    """The scripts' argument parser: a bad flag is one line on stderr and
+    exit status 2 (`pipelines.common.OneLineErrorParser`)."""
+    return OneLineErrorParser(prog=prog, description=description)
 
 
 def add_flag(parser, flag, default, help, parse=positive_int):

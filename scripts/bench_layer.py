@@ -63,13 +63,11 @@ SAMPLE_SECONDS = 0.2
 
 
 def parse_args(argv=None):
-    parser = _bench.OneLineErrorParser(
-        prog=PROG,
-        description=(
-            "Forward+backward time of ScaledDotProductAttention against "
-            "keras.layers.MultiHeadAttention and hand-projected "
-            "keras.ops.dot_product_attention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Forward+backward time of ScaledDotProductAttention against "
+        "keras.layers.MultiHeadAttention and hand-projected "
+        "keras.ops.dot_product_attention."
     )
     add_flag(parser, "--seq-lens", [128, 512, 2048],
              "comma-separated sequence lengths (default 128,512,2048)",

@@ -66,12 +66,10 @@ SUBPROCESS_TIMEOUT_S = 3600
 
 
 def parse_args(argv=None):
-    parser = _bench.OneLineErrorParser(
-        prog=PROG,
-        description=(
-            "Peak RSS and training-step time of explicit attention, "
-            "memory-efficient attention and keras.layers.MultiHeadAttention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Peak RSS and training-step time of explicit attention, "
+        "memory-efficient attention and keras.layers.MultiHeadAttention."
     )
     add_flag(parser, "--seq-lens", [1024, 4096, 16384],
              "comma-separated sequence lengths (default 1024,4096,16384)",

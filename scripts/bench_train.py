@@ -75,13 +75,11 @@ GOAL_STARVATION = 0.05
 
 
 def parse_args(argv=None):
-    parser = _bench.OneLineErrorParser(
-        prog=PROG,
-        description=(
-            "Training throughput and model FLOPs utilization of the "
-            "pipeline's trainer against a plain Model.fit with "
-            "keras.layers.MultiHeadAttention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Training throughput and model FLOPs utilization of the "
+        "pipeline's trainer against a plain Model.fit with "
+        "keras.layers.MultiHeadAttention."
     )
     parser.add_argument("--task", choices=TASKS, default="recall",
                         help="synthetic task (default recall)")

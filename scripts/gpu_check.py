@@ -74,10 +74,10 @@ def _setting_key(flag):
 
 
 def parse_args(argv=None):
-    parser = _bench.OneLineErrorParser(
-        prog=PROG,
-        description="Tokens/s and model FLOPs utilization of the trainer "
-        "with mixed_bfloat16 and XLA on one GPU.",
+    parser = _bench.parser(
+        PROG,
+        "Tokens/s and model FLOPs utilization of the trainer with "
+        "mixed_bfloat16 and XLA on one GPU.",
     )
     parser.add_argument("--smoke", action="store_true",
                         help="tiny configuration; runs on a CPU")
