@@ -38,7 +38,6 @@ Bad arguments exit with status 2 and one line on stderr.
 import os
 import platform
 import statistics
-import sys
 
 import _bench  # first: backend, log level, sys.path
 from _bench import add_flag
