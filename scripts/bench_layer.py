@@ -38,21 +38,18 @@ Bad arguments exit with status 2 and one line on stderr.
 import os
 import platform
 import statistics
-import sys
-import time
 
-from _cli_args import OneLineErrorParser as _Parser
-from _cli_args import positive_int as _positive_int
-from _cli_args import positive_int_list as _positive_int_list
-from _cli_args import subset_list as _subset_list
+import _bench  # first: backend, log level, sys.path
+from _bench import add_flag
+from _bench import keras
+from _bench import tf
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
 
-# Run from a source checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.layer import ScaledDotProductAttention
 
-IMPLEMENTATIONS = ("explicit", "fused", "memory_efficient", "auto")
+PROG = "bench_layer.py"
 JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
 # Sequences longer than this get one warm-up call and one timed repeat by
 # default: at batch 8 and 8 heads one step at 2048 tokens does about 250
@@ -65,250 +62,84 @@ SAMPLE_SECONDS = 0.2
 
 
 def parse_args(argv=None):
-    parser = _Parser(
-        prog="bench_layer.py",
-        description=(
-            "Forward+backward time of ScaledDotProductAttention against "
-            "keras.layers.MultiHeadAttention and hand-projected "
-            "keras.ops.dot_product_attention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Forward+backward time of ScaledDotProductAttention against "
+        "keras.layers.MultiHeadAttention and hand-projected "
+        "keras.ops.dot_product_attention."
     )
-    parser.add_argument(
-        "--seq-lens",
-        type=_positive_int_list("--seq-lens"),
-        default=[128, 512, 2048],
-        help="comma-separated sequence lengths (default 128,512,2048)",
-    )
-    parser.add_argument(
-        "--heads",
-        type=_positive_int_list("--heads"),
-        default=[1, 8],
-        help="comma-separated head counts (default 1,8)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=_positive_int("--repeats"),
-        default=None,
-        help=(
-            "timed repeats per case; default "
-            f"{SHORT_DEFAULTS['repeats']}, or {LONG_DEFAULTS['repeats']} for "
-            f"sequences longer than {LONG_SEQUENCE}"
-        ),
-    )
-    parser.add_argument(
-        "--warmup",
-        type=_positive_int("--warmup"),
-        default=None,
-        help=(
-            "untimed calls per peer and case; the first one traces, the "
-            "last one sizes the timed samples; default "
-            f"{SHORT_DEFAULTS['warmup']}, or {LONG_DEFAULTS['warmup']} for "
-            f"sequences longer than {LONG_SEQUENCE}"
-        ),
-    )
-    parser.add_argument(
-        "--jit",
-        choices=sorted(JIT_MODES),
-        default="both",
-        help="tf.function jit_compile off, on or both (default both)",
-    )
-    parser.add_argument(
-        "--batch", type=_positive_int("--batch"), default=8, help="default 8"
-    )
-    parser.add_argument(
-        "--width",
-        type=_positive_int("--width"),
-        default=256,
-        help="model width D, also the output width (default 256)",
-    )
-    parser.add_argument(
-        "--key-dim",
-        type=_positive_int("--key-dim"),
-        default=64,
-        help="per-head query/key/value size (default 64)",
-    )
-    parser.add_argument(
-        "--use-bias",
-        choices=("on", "off"),
-        default="off",
-        help="biases on all four projections of every peer (default off)",
-    )
-    parser.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help=(
-            "wall: elapsed time (default); cpu: CPU time of this process, "
-            "all threads, which other jobs on a shared machine disturb far "
-            "less (best with --threads 1)"
-        ),
-    )
-    parser.add_argument(
-        "--threads",
-        type=_positive_int("--threads"),
-        default=None,
-        help="TensorFlow intra-op and inter-op threads (default: TF's choice)",
-    )
-    parser.add_argument(
-        "--implementations",
-        type=_subset_list("--implementations", IMPLEMENTATIONS),
-        default=["explicit", "fused"],
-        help=(
-            "comma-separated implementations of our layer to time "
-            f"({', '.join(IMPLEMENTATIONS)}; default explicit,fused)"
-        ),
-    )
+    add_flag(parser, "--seq-lens", [128, 512, 2048],
+             "comma-separated sequence lengths (default 128,512,2048)",
+             _bench.positive_int_list)
+    add_flag(parser, "--heads", [1, 8],
+             "comma-separated head counts (default 1,8)",
+             _bench.positive_int_list)
+    add_flag(parser, "--repeats", None,
+             f"timed repeats per case; default {SHORT_DEFAULTS['repeats']}, "
+             f"or {LONG_DEFAULTS['repeats']} for sequences longer than "
+             f"{LONG_SEQUENCE}")
+    add_flag(parser, "--warmup", None,
+             "untimed calls per peer and case; the first one traces, the "
+             f"last one sizes the timed samples; default "
+             f"{SHORT_DEFAULTS['warmup']}, or {LONG_DEFAULTS['warmup']} for "
+             f"sequences longer than {LONG_SEQUENCE}")
+    parser.add_argument("--jit", choices=sorted(JIT_MODES), default="both",
+                        help="tf.function jit_compile off, on or both "
+                        "(default both)")
+    add_flag(parser, "--batch", 8, "default 8")
+    add_flag(parser, "--width", 256,
+             "model width D, also the output width (default 256)")
+    add_flag(parser, "--key-dim", 64,
+             "per-head query/key/value size (default 64)")
+    parser.add_argument("--use-bias", choices=("on", "off"), default="off",
+                        help="biases on all four projections of every peer "
+                        "(default off)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: elapsed time (default); cpu: CPU time of "
+                        "this process, all threads, which other jobs on a "
+                        "shared machine disturb far less (best with "
+                        "--threads 1)")
+    add_flag(parser, "--threads", None,
+             "TensorFlow intra-op and inter-op threads (default: TF's choice)")
+    add_flag(parser, "--implementations", ["explicit", "fused"],
+             "comma-separated implementations of our layer to time "
+             f"({', '.join(IMPLEMENTATIONS)}; default explicit,fused)",
+             lambda flag: _bench.subset_list(flag, IMPLEMENTATIONS))
     return parser.parse_args(argv)
 
 
-def _import_backend(threads=None):
-    import keras
-    import tensorflow as tf
-
-    if threads is not None:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-
-    if keras.backend.backend() != "tensorflow":
-        sys.stderr.write(
-            "bench_layer.py: error: needs the tensorflow Keras backend; "
-            f"KERAS_BACKEND is {keras.backend.backend()!r}\n"
-        )
-        sys.exit(2)
-    # Each case builds fresh tf.functions on purpose; TF's retracing warning
-    # about functions created in a loop would only be noise here.
-    tf.get_logger().setLevel("ERROR")
-    return keras, tf
-
-
-def _hand_projected_layer_class(keras):
-    """A layer with hand-written einsum projections around the fused op."""
-
-    class HandProjectedAttention(keras.layers.Layer):
-        """Q/K/V/O einsums around `keras.ops.dot_product_attention`.
-
-        Kernel shapes match `ScaledDotProductAttention` and
-        `MultiHeadAttention`: `(D, H, key_dim)` for Q, K and V and
-        `(H, key_dim, D)` for the output.
-        """
-
-        def __init__(self, num_heads, key_dim, use_bias, **kwargs):
-            super().__init__(**kwargs)
-            self.num_heads = num_heads
-            self.key_dim = key_dim
-            self.use_bias = use_bias
-
-        def build(self, input_shape):
-            width = input_shape[-1]
-            heads, key_dim = self.num_heads, self.key_dim
-            for name in ("query", "key", "value"):
-                setattr(
-                    self,
-                    f"{name}_kernel",
-                    self.add_weight(
-                        name=f"{name}_kernel", shape=(width, heads, key_dim)
-                    ),
-                )
-                if self.use_bias:
-                    setattr(
-                        self,
-                        f"{name}_bias",
-                        self.add_weight(
-                            name=f"{name}_bias",
-                            shape=(heads, key_dim),
-                            initializer="zeros",
-                        ),
-                    )
-            self.output_kernel = self.add_weight(
-                name="output_kernel", shape=(heads, key_dim, width)
-            )
-            if self.use_bias:
-                self.output_bias = self.add_weight(
-                    name="output_bias", shape=(width,), initializer="zeros"
-                )
-
-        def call(self, inputs):
-            ops = keras.ops
-            q = ops.einsum("btd,dhk->bthk", inputs, self.query_kernel)
-            k = ops.einsum("bsd,dhk->bshk", inputs, self.key_kernel)
-            v = ops.einsum("bsd,dhk->bshk", inputs, self.value_kernel)
-            if self.use_bias:
-                q = q + self.query_bias
-                k = k + self.key_bias
-                v = v + self.value_bias
-            attended = ops.dot_product_attention(
-                q, k, v, scale=1.0 / self.key_dim**0.5
-            )
-            output = ops.einsum("bthk,hko->bto", attended, self.output_kernel)
-            if self.use_bias:
-                output = output + self.output_bias
-            return output
-
-    return HandProjectedAttention
-
-
-def _weights_in_order(ours, use_bias):
-    """Our layer's weights in the order Q, K, V, O (kernel then bias)."""
-    names = []
-    for name in ("query", "key", "value", "output"):
-        names.append(f"{name}_kernel")
-        if use_bias:
-            names.append(f"{name}_bias")
-    return [getattr(ours, name) for name in names]
-
-
-def build_peers(keras, args, seq_len, heads):
+def build_peers(args, seq_len, heads):
     """Builds the peers for one (seq_len, heads) case with shared weights.
 
     Returns:
-        A dict peer name -> callable `layer(x)`, in table order, and the
-        layers' trainable variables under the same names.
+        A dict peer name -> layer, in table order.
     """
-    from keras_attention import ScaledDotProductAttention
-
     use_bias = args.use_bias == "on"
     shape = (args.batch, seq_len, args.width)
     ours = {}
     for implementation in args.implementations:
         layer = ScaledDotProductAttention(
-            key_dim=args.key_dim,
-            num_heads=heads,
-            output_dim=args.width,
-            use_bias=use_bias,
-            implementation=implementation,
+            key_dim=args.key_dim, num_heads=heads, output_dim=args.width,
+            use_bias=use_bias, implementation=implementation,
             name=f"ours_{implementation}",
         )
         layer.build(shape)
         ours[implementation] = layer
-    reference = next(iter(ours.values()))
-    values = [w.numpy() for w in _weights_in_order(reference, use_bias)]
-    for layer in ours.values():
-        for variable, value in zip(_weights_in_order(layer, use_bias), values):
-            variable.assign(value)
-
     mha = keras.layers.MultiHeadAttention(
         num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="mha"
     )
     mha.build(shape, shape)
-    mha_weights = []
-    for dense in (
-        mha.query_dense,
-        mha.key_dense,
-        mha.value_dense,
-        mha.output_dense,
-    ):
-        mha_weights.append(dense.kernel)
-        if use_bias:
-            mha_weights.append(dense.bias)
-    for variable, value in zip(mha_weights, values):
-        variable.assign(value)
-
-    dpa = _hand_projected_layer_class(keras)(
+    dpa = _bench.HandProjectedAttention(
         num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="dpa"
     )
     dpa.build(shape)
-    for variable, value in zip(_weights_in_order(dpa, use_bias), values):
-        variable.assign(value)
+    # Every peer gets the weights of the first of ours.
+    weights = [_bench.weights_in_order(layer, use_bias)
+               for layer in (*ours.values(), mha, dpa)]
+    values = [w.numpy() for w in weights[0]]
+    for variables in weights[1:]:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
 
     peers = {f"ours-{name}": layer for name, layer in ours.items()}
     peers["mha"] = mha
@@ -322,7 +153,7 @@ def _call(name, layer, x):
     return layer(x)
 
 
-def check_peers_agree(keras, peers, x):
+def check_peers_agree(peers, x):
     """Checks the peers' outputs on a short prefix of `x` against MHA.
 
     Exits with an error if a peer computes something else (the timings would
@@ -332,41 +163,31 @@ def check_peers_agree(keras, peers, x):
     Returns:
         The peers that ran, in the same order.
     """
-    import numpy as np
-
     prefix = x[:, : min(x.shape[1], 64)]
     outputs = {}
     for name, layer in peers.items():
         try:
             outputs[name] = keras.ops.convert_to_numpy(_call(name, layer, prefix))
         except Exception as error:  # Report the peer and time the others.
-            print(
-                f"# {name} failed: {type(error).__name__}: "
-                f"{str(error).strip()[:300]}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _bench.note(f"{name} failed: {type(error).__name__}: "
+                        f"{str(error).strip()[:300]}")
     if "mha" not in outputs:
-        sys.stderr.write(
-            "bench_layer.py: error: MultiHeadAttention, the reference peer, "
-            "failed\n"
-        )
-        sys.exit(1)
+        _bench.fail(PROG, "MultiHeadAttention, the reference peer, failed")
     reference = outputs["mha"]
     tolerance = 1e-4 * max(1.0, float(np.max(np.abs(reference))))
     for name, output in outputs.items():
         error = float(np.max(np.abs(output - reference)))
         if not error <= tolerance:
-            sys.stderr.write(
-                f"bench_layer.py: error: peer {name} differs from "
-                f"MultiHeadAttention by {error:.3g} (> {tolerance:.3g}); "
-                "the timings would not compare the same computation\n"
+            _bench.fail(
+                PROG,
+                f"peer {name} differs from MultiHeadAttention by {error:.3g} "
+                f"(> {tolerance:.3g}); the timings would not compare the same "
+                "computation",
             )
-            sys.exit(1)
     return {name: layer for name, layer in peers.items() if name in outputs}
 
 
-def make_step(tf, name, layer, jit):
+def make_step(name, layer, jit):
     """One `tf.function`: loss = sum(output) and all its gradients."""
     variables = list(layer.trainable_variables)
 
@@ -383,7 +204,7 @@ def make_step(tf, name, layer, jit):
     return step
 
 
-def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
+def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
     """Median milliseconds per step of each peer, peers interleaved.
 
     Each repeat times a few back-to-back calls of every peer (the same count
@@ -397,7 +218,7 @@ def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
     steps = {}
     slowest = 1e-9
     for name, layer in peers.items():
-        step = make_step(tf, name, layer, jit)
+        step = make_step(name, layer, jit)
         try:
             for _ in range(warmup):
                 start = clock()
@@ -405,22 +226,15 @@ def time_case(tf, peers, x, jit, warmup, repeats, clock=time.perf_counter):
                 elapsed = clock() - start
         except Exception as error:  # Report the peer and time the others.
             message = str(error).strip().splitlines()[-1] if str(error) else ""
-            print(
-                f"# {name} failed (jit={'on' if jit else 'off'}): "
-                f"{type(error).__name__}: {message[:300]}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _bench.note(f"{name} failed (jit={'on' if jit else 'off'}): "
+                        f"{type(error).__name__}: {message[:300]}")
             continue
         steps[name] = step
         slowest = max(slowest, elapsed)
     calls = max(1, int(SAMPLE_SECONDS / slowest))
     times = {name: [] for name in steps}
-    names = list(steps)
     for repeat in range(repeats):
-        # Rotate the order so no peer always runs right after the same one.
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in _bench.round_order(steps, repeat, "rotate"):
             step = steps[name]
             start = clock()
             for _ in range(calls):
@@ -451,44 +265,29 @@ def _format_ratio(numerator, denominator):
     return f"{numerator / denominator:.3f}"
 
 
+COLUMNS = ("seq_len", "heads", "jit", "impl", "ours ms", "MHA ms", "dpa ms",
+           "ours/MHA", "ours/dpa")
+WIDTHS = (7, 5, 3, 16, 9, 9, 9, 8, 8)
+
+
 def format_table(rows, header_lines):
-    columns = (
-        "seq_len",
-        "heads",
-        "jit",
-        "impl",
-        "ours ms",
-        "MHA ms",
-        "dpa ms",
-        "ours/MHA",
-        "ours/dpa",
-    )
-    widths = (7, 5, 3, 16, 9, 9, 9, 8, 8)
-    lines = list(header_lines)
-    lines.append("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        cells = (
-            str(row["seq_len"]),
-            str(row["heads"]),
-            "on" if row["jit"] else "off",
-            row["impl"],
-            _format_ms(row["ours"]),
-            _format_ms(row["mha"]),
-            _format_ms(row["dpa"]),
-            _format_ratio(row["ours"], row["mha"]),
-            _format_ratio(row["ours"], row["dpa"]),
-        )
-        lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
-    return "\n".join(lines)
+    cells = [
+        (str(row["seq_len"]), str(row["heads"]), "on" if row["jit"] else "off",
+         row["impl"], _format_ms(row["ours"]), _format_ms(row["mha"]),
+         _format_ms(row["dpa"]), _format_ratio(row["ours"], row["mha"]),
+         _format_ratio(row["ours"], row["dpa"]))
+        for row in rows
+    ]
+    table = _bench.text_table(COLUMNS, cells, WIDTHS)
+    return "\n".join(list(header_lines) + [table])
 
 
 def main(argv=None):
     args = parse_args(argv)
-    keras, tf = _import_backend(args.threads)
+    _bench.setup_tensorflow(PROG, args.threads)
     keras.utils.set_random_seed(0)
 
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    clock = _bench.CLOCKS[args.clock]
     rows = []
     for seq_len in args.seq_lens:
         defaults = SHORT_DEFAULTS if seq_len <= LONG_SEQUENCE else LONG_DEFAULTS
@@ -498,34 +297,25 @@ def main(argv=None):
             (args.batch, seq_len, args.width), seed=(1, seq_len)
         )
         for heads in args.heads:
-            peers = build_peers(keras, args, seq_len, heads)
-            peers = check_peers_agree(keras, peers, x)
+            peers = build_peers(args, seq_len, heads)
+            peers = check_peers_agree(peers, x)
             for jit in JIT_MODES[args.jit]:
-                medians, calls = time_case(
-                    tf, peers, x, jit, warmup, repeats, clock
-                )
+                medians, calls = time_case(peers, x, jit, warmup, repeats,
+                                           clock)
                 for implementation in args.implementations:
-                    row = {
-                        "seq_len": seq_len,
-                        "heads": heads,
-                        "jit": jit,
-                        "impl": implementation,
-                        "ours": medians.get(f"ours-{implementation}"),
-                        "mha": medians.get("mha"),
-                        "dpa": medians.get("dpa"),
-                        "repeats": repeats,
-                        "warmup": warmup,
-                    }
+                    row = dict(seq_len=seq_len, heads=heads, jit=jit,
+                               impl=implementation,
+                               ours=medians.get(f"ours-{implementation}"),
+                               mha=medians.get("mha"), dpa=medians.get("dpa"),
+                               repeats=repeats, warmup=warmup)
                     rows.append(row)
-                    print(
-                        f"# seq_len={seq_len} heads={heads} "
+                    _bench.note(
+                        f"seq_len={seq_len} heads={heads} "
                         f"jit={'on' if jit else 'off'} {implementation}: "
                         f"ours {_format_ms(row['ours'])} ms, "
                         f"MHA {_format_ms(row['mha'])} ms, "
                         f"dpa {_format_ms(row['dpa'])} ms "
-                        f"({repeats} repeats of {calls} calls)",
-                        file=sys.stderr,
-                        flush=True,
+                        f"({repeats} repeats of {calls} calls)"
                     )
 
     header = [

@@ -14,10 +14,10 @@ function with the same weights:
 
 Every case runs in its own subprocess so that its peak resident set size
 (`resource.getrusage(RUSAGE_SELF).ru_maxrss`, a high-water mark) is its own.
-A `baseline` subprocess only imports TensorFlow and builds the inputs and
-weights; the table also shows each case's peak RSS over that baseline. Each
-step function is traced and run once (warm-up) before it is timed; the table
-reports the median of the timed steps, as wall-clock seconds and as process
+A `baseline` subprocess only imports TensorFlow and the library and builds
+the inputs and weights; the table also shows each case's peak RSS over that
+baseline. Each step function is traced and run once (warm-up) before it is
+timed; the table reports the median of the timed steps, as wall-clock seconds and as process
 CPU seconds (all threads; steadier than wall time on a shared machine).
 
 Before measuring, a `check` subprocess verifies at a short length that the
@@ -39,20 +39,17 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
-from _cli_args import OneLineErrorParser as _Parser
-from _cli_args import positive_int as _positive_int
-from _cli_args import positive_int_list as _positive_int_list
-from _cli_args import subset_list as _subset_list
+import _bench  # first: backend, log level, sys.path
+from _bench import add_flag
+from _bench import keras
+from _bench import tf
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
 
-# Run from a source checkout without installing the package.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+from keras_attention.memory_efficient import memory_efficient_attention
 
+PROG = "bench_memory.py"
 CASES = ("explicit", "memory_efficient", "mha")
 INTERNAL_CASES = ("baseline", "check") + CASES
 WIDTH = 64
@@ -69,49 +66,26 @@ SUBPROCESS_TIMEOUT_S = 3600
 
 
 def parse_args(argv=None):
-    parser = _Parser(
-        prog="bench_memory.py",
-        description=(
-            "Peak RSS and training-step time of explicit attention, "
-            "memory-efficient attention and keras.layers.MultiHeadAttention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Peak RSS and training-step time of explicit attention, "
+        "memory-efficient attention and keras.layers.MultiHeadAttention."
     )
-    parser.add_argument(
-        "--seq-lens",
-        type=_positive_int_list("--seq-lens"),
-        default=[1024, 4096, 16384],
-        help="comma-separated sequence lengths (default 1024,4096,16384)",
-    )
-    parser.add_argument(
-        "--cases",
-        type=_subset_list("--cases", CASES),
-        default=list(CASES),
-        help=f"comma-separated subset of {','.join(CASES)} (default all)",
-    )
-    parser.add_argument(
-        "--query-chunk-size",
-        type=_positive_int("--query-chunk-size"),
-        default=512,
-        help="query rows per block of the memory-efficient case (default 512)",
-    )
-    parser.add_argument(
-        "--key-chunk-size",
-        type=_positive_int("--key-chunk-size"),
-        default=512,
-        help="keys per block of the memory-efficient case (default 512)",
-    )
-    parser.add_argument(
-        "--case",
-        choices=INTERNAL_CASES,
-        default=None,
-        help="internal: measure one case in this process and print JSON",
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=_positive_int("--seq-len"),
-        default=None,
-        help="internal: the sequence length of --case",
-    )
+    add_flag(parser, "--seq-lens", [1024, 4096, 16384],
+             "comma-separated sequence lengths (default 1024,4096,16384)",
+             _bench.positive_int_list)
+    add_flag(parser, "--cases", list(CASES),
+             f"comma-separated subset of {','.join(CASES)} (default all)",
+             lambda flag: _bench.subset_list(flag, CASES))
+    add_flag(parser, "--query-chunk-size", 512,
+             "query rows per block of the memory-efficient case (default 512)")
+    add_flag(parser, "--key-chunk-size", 512,
+             "keys per block of the memory-efficient case (default 512)")
+    parser.add_argument("--case", choices=INTERNAL_CASES, default=None,
+                        help="internal: measure one case in this process and "
+                        "print JSON")
+    add_flag(parser, "--seq-len", None,
+             "internal: the sequence length of --case")
     args = parser.parse_args(argv)
     if args.case is not None and args.seq_len is None:
         parser.error("--case needs --seq-len")
@@ -126,10 +100,8 @@ def _peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _build_inputs(tf, seq_len):
+def _build_inputs(seq_len):
     """Input sequence and the Q, K, V, O kernels, the same in every case."""
-    import numpy as np
-
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(BATCH, seq_len, WIDTH)).astype("float32"))
     limit = (6.0 / (WIDTH + HEADS * KEY_DIM)) ** 0.5
@@ -146,80 +118,44 @@ def _build_inputs(tf, seq_len):
     return x, kernels
 
 
-def _hand_projected(keras, kernels, attend):
-    """Forward function and variables: Q/K/V/O einsums around `attend`."""
+def _explicit_attend(q, k, v, scale):
+    """Softmax of the full `(B, H, T, S)` score matrix, with `keras.ops`."""
     ops = keras.ops
-    variables = {
-        name: keras.Variable(value, name=f"{name}_kernel")
-        for name, value in kernels.items()
-    }
-
-    def forward(x):
-        q = ops.einsum("btd,dhk->bthk", x, variables["query"])
-        k = ops.einsum("bsd,dhk->bshk", x, variables["key"])
-        v = ops.einsum("bsd,dhk->bshk", x, variables["value"])
-        attended = attend(q, k, v, 1.0 / KEY_DIM**0.5)
-        return ops.einsum("bthk,hko->bto", attended, variables["output"])
-
-    return forward, list(variables.values())
+    scores = ops.einsum("bthk,bshk->bhts", q * scale, k)
+    weights = ops.softmax(scores, axis=-1)
+    return ops.einsum("bhts,bshk->bthk", weights, v)
 
 
-def _explicit_attend(keras):
-    ops = keras.ops
-
-    def attend(q, k, v, scale):
-        scores = ops.einsum("bthk,bshk->bhts", q * scale, k)
-        weights = ops.softmax(scores, axis=-1)
-        return ops.einsum("bhts,bshk->bthk", weights, v)
-
-    return attend
-
-
-def _memory_efficient_attend(query_chunk_size, key_chunk_size):
-    from keras_attention.memory_efficient import memory_efficient_attention
-
-    def attend(q, k, v, scale):
-        return memory_efficient_attention(
-            q,
-            k,
-            v,
-            scale,
-            query_chunk_size=query_chunk_size,
-            key_chunk_size=key_chunk_size,
-        )
-
-    return attend
-
-
-def _mha(keras, kernels):
-    layer = keras.layers.MultiHeadAttention(
-        num_heads=HEADS, key_dim=KEY_DIM, use_bias=False
-    )
-    shape = (BATCH, None, WIDTH)
-    layer.build(shape, shape)
-    dense_layers = (
-        layer.query_dense,
-        layer.key_dense,
-        layer.value_dense,
-        layer.output_dense,
-    )
-    for dense, name in zip(dense_layers, ("query", "key", "value", "output")):
-        dense.kernel.assign(kernels[name])
-    variables = [dense.kernel for dense in dense_layers]
-    return (lambda x: layer(x, x)), variables
-
-
-def build_case(keras, case, kernels, args):
+def build_case(case, kernels, args):
     """Returns `(forward, variables)` of one case; kernels in Q, K, V, O order."""
-    if case == "explicit":
-        return _hand_projected(keras, kernels, _explicit_attend(keras))
-    if case == "memory_efficient":
-        attend = _memory_efficient_attend(args.query_chunk_size, args.key_chunk_size)
-        return _hand_projected(keras, kernels, attend)
-    return _mha(keras, kernels)
+    if case == "mha":
+        layer = keras.layers.MultiHeadAttention(
+            num_heads=HEADS, key_dim=KEY_DIM, use_bias=False
+        )
+        layer.build((BATCH, None, WIDTH), (BATCH, None, WIDTH))
+    else:
+        if case == "explicit":
+            attend = _explicit_attend
+        else:
+
+            def attend(q, k, v, scale):
+                return memory_efficient_attention(
+                    q, k, v, scale,
+                    query_chunk_size=args.query_chunk_size,
+                    key_chunk_size=args.key_chunk_size,
+                )
+
+        layer = _bench.HandProjectedAttention(HEADS, KEY_DIM, attend=attend)
+        layer.build((BATCH, None, WIDTH))
+    variables = _bench.weights_in_order(layer, use_bias=False)
+    for variable, name in zip(variables, _bench.PROJECTIONS):
+        variable.assign(kernels[name])
+    if case == "mha":
+        return (lambda x: layer(x, x)), variables
+    return layer, variables
 
 
-def make_train_step(tf, forward, variables):
+def make_train_step(forward, variables):
     @tf.function
     def train_step(x):
         with tf.GradientTape() as tape:
@@ -234,44 +170,33 @@ def make_train_step(tf, forward, variables):
 
 def run_case(args):
     """Measures `args.case` at `args.seq_len`; prints one JSON line."""
-    import keras
-    import tensorflow as tf
-
-    if keras.backend.backend() != "tensorflow":
-        sys.stderr.write(
-            "bench_memory.py: error: needs the tensorflow Keras backend; "
-            f"KERAS_BACKEND is {keras.backend.backend()!r}\n"
-        )
-        sys.exit(2)
-    tf.get_logger().setLevel("ERROR")
-    x, kernels = _build_inputs(tf, args.seq_len)
+    _bench.setup_tensorflow(PROG)
+    x, kernels = _build_inputs(args.seq_len)
     result = {"case": args.case, "seq_len": args.seq_len}
     if args.case == "check":
-        result["max_errors"] = check_cases_agree(keras, tf, x, kernels, args)
+        result["max_errors"] = check_cases_agree(x, kernels, args)
     elif args.case != "baseline":
-        forward, variables = build_case(keras, args.case, kernels, args)
-        train_step = make_train_step(tf, forward, variables)
+        forward, variables = build_case(args.case, kernels, args)
+        train_step = make_train_step(forward, variables)
         train_step(x).numpy()  # trace and warm up
         repeats = REPEATS_UP_TO_4K if args.seq_len <= 4096 else 1
-        wall_times, cpu_times = [], []
+        times = {name: [] for name in _bench.CLOCKS}
         for _ in range(repeats):
-            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            starts = {name: clock() for name, clock in _bench.CLOCKS.items()}
             train_step(x).numpy()
-            wall_times.append(time.perf_counter() - wall_start)
-            cpu_times.append(time.process_time() - cpu_start)
-        result["step_s"] = statistics.median(wall_times)
-        result["step_cpu_s"] = statistics.median(cpu_times)
+            for name, clock in _bench.CLOCKS.items():
+                times[name].append(clock() - starts[name])
+        result["step_s"] = statistics.median(times["wall"])
+        result["step_cpu_s"] = statistics.median(times["cpu"])
     result["peak_rss_mib"] = _peak_rss_mib()
     print(json.dumps(result))
 
 
-def check_cases_agree(keras, tf, x, kernels, args):
+def check_cases_agree(x, kernels, args):
     """Max abs difference to `explicit` of each case's output and gradients."""
-    import numpy as np
-
     results = {}
     for case in CASES:
-        forward, variables = build_case(keras, case, kernels, args)
+        forward, variables = build_case(case, kernels, args)
         with tf.GradientTape() as tape:
             output = forward(x)
             loss = tf.reduce_mean(tf.square(output))
@@ -334,19 +259,15 @@ def main(argv=None):
 
     check = _measure("check", CHECK_SEQ_LEN, args)
     if "error" in check:
-        sys.stderr.write(f"bench_memory.py: error: check failed: {check['error']}\n")
-        sys.exit(1)
+        _bench.fail(PROG, f"check failed: {check['error']}")
     worst = max(check["max_errors"].values())
     print(
         f"check at T={CHECK_SEQ_LEN}: max relative difference to explicit "
         f"(output and kernel gradients) = {worst:.2e}"
     )
     if not worst <= 1e-4:
-        sys.stderr.write(
-            "bench_memory.py: error: the cases disagree; the table would not "
-            "compare the same computation\n"
-        )
-        sys.exit(1)
+        _bench.fail(PROG, "the cases disagree; the table would not compare "
+                    "the same computation")
 
     print(
         f"batch {BATCH}, heads {HEADS}, key_dim {KEY_DIM}, width {WIDTH}; "
@@ -362,10 +283,7 @@ def main(argv=None):
     for seq_len in args.seq_lens:
         baseline = _measure("baseline", seq_len, args)
         if "error" in baseline:
-            sys.stderr.write(
-                f"bench_memory.py: error: baseline failed: {baseline['error']}\n"
-            )
-            sys.exit(1)
+            _bench.fail(PROG, f"baseline failed: {baseline['error']}")
         baseline_mib = baseline["peak_rss_mib"]
         print(f"{seq_len:>8}  {'baseline':<17} {baseline_mib:>10.0f}")
         rows = {}

@@ -48,24 +48,23 @@ Usage:
 Bad arguments exit with status 2 and one line on stderr.
 """
 
-import argparse
-import contextlib
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
-from _cli_args import OneLineErrorParser as _Parser
-from _cli_args import positive_int as _positive_int
+import _bench  # first: backend, log level, sys.path
+import _training
+from _bench import add_flag
+from _bench import keras
+from _bench import tf
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_attention.embeddings import FactoredEmbedding
+from keras_attention.embeddings import PositionEmbedding
+from pipelines.builders import build_optimizer
 
-# Run from a source checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+PROG = "bench_train.py"
 TASKS = ("recall", "reverse", "sort", "copy")
 # The trainer's default diagnostics interval (`TrainConfig.diagnostics_every`).
 DEFAULT_DIAGNOSTICS_EVERY = 250
@@ -76,39 +75,29 @@ GOAL_STARVATION = 0.05
 
 
 def parse_args(argv=None):
-    parser = _Parser(
-        prog="bench_train.py",
-        description=(
-            "Training throughput and model FLOPs utilization of the "
-            "pipeline's trainer against a plain Model.fit with "
-            "keras.layers.MultiHeadAttention."
-        ),
+    parser = _bench.parser(
+        PROG,
+        "Training throughput and model FLOPs utilization of the "
+        "pipeline's trainer against a plain Model.fit with "
+        "keras.layers.MultiHeadAttention."
     )
     parser.add_argument("--task", choices=TASKS, default="recall",
                         help="synthetic task (default recall)")
-    parser.add_argument("--steps", type=_positive_int("--steps"), default=250,
-                        help="steps per timed run (default 250)")
-    parser.add_argument("--rounds", type=_positive_int("--rounds"),
-                        default=2, help="runs of each variant; the best "
-                        "counts (default 2)")
-    parser.add_argument("--warmup", type=_positive_int("--warmup"),
-                        default=50, help="steps left out of the timing "
-                        "(default 50)")
-    parser.add_argument("--batch-size", type=_positive_int("--batch-size"),
-                        default=None, help="global batch (default: the "
-                        "task's)")
-    parser.add_argument("--d-model", type=_positive_int("--d-model"),
-                        default=None, help="model width (default: the "
-                        "task's)")
-    parser.add_argument("--layers", type=_positive_int("--layers"),
-                        default=None, help="attention blocks (default: the "
-                        "task's)")
+    add_flag(parser, "--steps", 250, "steps per timed run (default 250)")
+    add_flag(parser, "--rounds", 2,
+             "runs of each variant; the best counts (default 2)")
+    add_flag(parser, "--warmup", 50,
+             "steps left out of the timing (default 50)")
+    add_flag(parser, "--batch-size", None, "global batch (default: the task's)")
+    add_flag(parser, "--d-model", None, "model width (default: the task's)")
+    add_flag(parser, "--layers", None,
+             "attention blocks (default: the task's)")
     parser.add_argument("--jit", choices=("on", "off"), default="off",
                         help="XLA for both trainers (default off, the "
                         "trainer's choice on a CPU)")
-    parser.add_argument("--matmul-size", type=_positive_int("--matmul-size"),
-                        default=2048, help="n of the n x n float32 matmul "
-                        "that measures the machine (default 2048)")
+    add_flag(parser, "--matmul-size", 2048,
+             "n of the n x n float32 matmul that measures the machine "
+             "(default 2048)")
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         parser.error(
@@ -118,166 +107,24 @@ def parse_args(argv=None):
     return args
 
 
-# ------------------------------------------------------------- FLOP counts
-def model_flops_per_token(config, task):
-    """Matmul FLOPs of one training token (forward + backward = 3 x forward).
-
-    Args:
-        config: a resolved `TrainConfig`.
-        task: its `SequenceTask`.
-
-    Returns:
-        FLOPs per token position (a float).
-    """
-    d_model = config.d_model
-    heads = config.num_heads
-    key_dim = config.key_dim
-    value_dim = config.value_dim or key_dim
-    ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
-    seq_len = task.seq_len
-    per_layer = (
-        2 * d_model * heads * key_dim * 2      # W_Q, W_K
-        + 2 * d_model * heads * value_dim      # W_V
-        + 2 * seq_len * heads * key_dim        # q . k against every key
-        + 2 * seq_len * heads * value_dim      # weights @ V
-        + 2 * heads * value_dim * d_model      # W_O
-        + 2 * d_model * ff_dim * 2             # feed-forward in and out
-    )
-    forward = config.num_layers * per_layer + 2 * d_model * task.num_classes
-    return 3.0 * forward
-
-
-def measure_matmul_flops(size=2048, dtype="float32", seconds=2.0):
-    """FLOP/s of an `size x size` matmul on the default device.
-
-    Chains several matmuls per call so the timing is not dominated by
-    dispatch; returns the best of a few timed samples.
-    """
-    import tensorflow as tf
-
-    a = tf.random.stateless_normal([size, size], seed=[1, 2], dtype=dtype)
-    b = tf.random.stateless_normal([size, size], seed=[3, 4], dtype=dtype)
-    # Scaled so that chained products keep a finite magnitude.
-    b = b / tf.cast(size, dtype) ** 0.5
-    chain = 4
-
-    @tf.function
-    def run(x):
-        for _ in range(chain):
-            x = tf.matmul(x, b)
-        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
-
-    float(run(a))  # Trace and warm up.
-    flops_per_call = 2.0 * size ** 3 * chain
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
-        float(run(a))
-        elapsed = time.perf_counter() - start
-        best = max(best, flops_per_call / elapsed)
-        if time.perf_counter() > deadline:
-            return best
-
-
 # ------------------------------------------------------------- the trainer
-@contextlib.contextmanager
-def in_memory_data():
-    """Replaces every task's training stream by its first batch, cached in
-    memory and repeated (same sharding, shapes and dtypes)."""
-    from keras_attention.tasks import SequenceTask
-
-    original = SequenceTask.dataset
-
-    def cached(self, *args, **kwargs):
-        return original(self, *args, **kwargs).take(1).cache().repeat()
-
-    SequenceTask.dataset = cached
-    try:
-        yield
-    finally:
-        SequenceTask.dataset = original
-
-
-@contextlib.contextmanager
-def timed_diagnostics(durations):
-    """Appends the seconds of each diagnostics call of the trainer (probe and
-    summary writing) to `durations`."""
-    from pipelines import train as train_module
-
-    make_probe = train_module.diagnostics_probe
-    write = train_module.write_diagnostics
-    pending = {}
-
-    def timed_make_probe(model, *args, **kwargs):
-        probe = make_probe(model, *args, **kwargs)
-        # The trainer copies the weights into the probed model first; that
-        # copy is part of the cost.
-        set_weights = model.set_weights
-
-        def timed_set_weights(*args, **kwargs):
-            pending["start"] = time.perf_counter()
-            return set_weights(*args, **kwargs)
-
-        model.set_weights = timed_set_weights
-        return probe
-
-    def timed_write(*args, **kwargs):
-        result = write(*args, **kwargs)
-        durations.append(time.perf_counter() - pending.pop("start"))
-        return result
-
-    train_module.diagnostics_probe = timed_make_probe
-    train_module.write_diagnostics = timed_write
-    try:
-        yield
-    finally:
-        train_module.diagnostics_probe = make_probe
-        train_module.write_diagnostics = write
-
-
-def steady_steps_per_second(logdir, warmup):
-    """Median of the trainer's logged `steps_per_second` windows that end
-    after step `warmup`."""
-    from pipelines.train import read_event_scalars
-
-    windows = read_event_scalars(os.path.join(logdir, "train")).get(
-        "steps_per_second", {}
-    )
-    values = [value for step, value in sorted(windows.items())
-              if step > warmup and value is not None]
-    if not values:
-        values = [value for value in windows.values() if value is not None]
-    return statistics.median(values)
-
-
 def run_trainer(config, warmup, diagnostics_every=None, synthetic=False):
-    """Runs `pipelines.train.train` on a temporary logdir.
+    """Runs `pipelines.train.train` on a temporary logdir, evaluation,
+    checkpoints and (unless `diagnostics_every`) diagnostics out of the way.
 
     Returns:
         `(steps_per_second, metrics, diagnostics_seconds)`.
     """
-    from pipelines.train import train
-
-    steps = config.steps
-    config = config.replace(
-        # Past the end: only the calls at step 0 and at the last step.
-        diagnostics_every=diagnostics_every or 10 * steps,
-        eval_every=steps,
-        checkpoint_every=steps,
-        # Evaluation is outside the timed windows; a small held-out set
-        # only shortens the run.
-        heldout_size=256,
-        verbose=0,
-    )
+    config = config.replace(**_training.quiet_run_settings(config.steps))
+    if diagnostics_every is not None:
+        config = config.replace(diagnostics_every=diagnostics_every)
     durations = []
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as logdir:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(timed_diagnostics(durations))
-            if synthetic:
-                stack.enter_context(in_memory_data())
-            metrics = train(config.replace(logdir=logdir))
-        steps_per_second = steady_steps_per_second(logdir, warmup)
+    contexts = [_training.timed_diagnostics(durations)]
+    if synthetic:
+        contexts.append(_training.in_memory_data())
+    steps_per_second, metrics = _training.train_and_time(
+        config, warmup, "bench-train-", contexts
+    )
     return steps_per_second, metrics, durations
 
 
@@ -285,32 +132,22 @@ def run_trainer(config, warmup, diagnostics_every=None, synthetic=False):
 def build_plain_model(config, task):
     """The trainer's model with `keras.layers.MultiHeadAttention` as the
     attention (pre-norm blocks, gelu feed-forward, final norm, classifier)."""
-    import keras
-
-    from keras_attention.models import FactoredEmbedding
-    from keras_attention.models import PositionEmbedding
-
     if config.norm != "pre":
         raise ValueError(f"`norm` must be 'pre'; received {config.norm!r}.")
     d_model = config.d_model
     ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
     tokens = keras.Input(shape=(task.seq_len,), dtype="int32", name="tokens")
     if task.token_factors is not None:
-        x = FactoredEmbedding(task.token_factors, d_model, mask_zero=True)(
-            tokens
-        )
+        embed = FactoredEmbedding(task.token_factors, d_model, mask_zero=True)
     else:
-        x = keras.layers.Embedding(task.vocab_size, d_model, mask_zero=True)(
-            tokens
-        )
+        embed = keras.layers.Embedding(task.vocab_size, d_model, mask_zero=True)
+    x = embed(tokens)
     x = PositionEmbedding(task.seq_len)(x)
     for _ in range(config.num_layers):
         h = keras.layers.LayerNormalization(epsilon=1e-6)(x)
         h = keras.layers.MultiHeadAttention(
-            num_heads=config.num_heads,
-            key_dim=config.key_dim,
-            value_dim=config.value_dim or config.key_dim,
-            use_bias=False,
+            num_heads=config.num_heads, key_dim=config.key_dim,
+            value_dim=config.value_dim or config.key_dim, use_bias=False,
         )(h, h, use_causal_mask=config.causal)
         x = keras.layers.Add()([x, h])
         if ff_dim > 0:
@@ -326,10 +163,6 @@ def build_plain_model(config, task):
 def run_plain_fit(config, task, warmup, synthetic=False):
     """Trains the plain model with `Model.fit`; returns steady steps/s (the
     median of `config.log_every`-step windows after `warmup` steps)."""
-    import keras
-
-    from pipelines.train import build_optimizer
-
     keras.utils.set_random_seed(config.seed)
     model = build_plain_model(config, task)
     optimizer, _ = build_optimizer(config)
@@ -363,15 +196,7 @@ def run_plain_fit(config, task, warmup, synthetic=False):
 
 # ------------------------------------------------------------- report
 def _table(headers, rows):
-    widths = [
-        max(len(str(h)), *(len(str(row[i])) for row in rows))
-        for i, h in enumerate(headers)
-    ]
-    lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
-    return "\n".join(lines)
+    return _bench.text_table(headers, rows, header_justify="left")
 
 
 def _verdict(ok, difference, noise):
@@ -383,40 +208,23 @@ def _verdict(ok, difference, noise):
     return text
 
 
-def bench_config(args):
-    """The resolved `TrainConfig` the benchmark trains."""
-    from pipelines.config import TrainConfig
-
-    changes = dict(task=args.task, steps=args.steps, jit_compile=args.jit,
-                   strategy="default", precision="float32")
-    if args.batch_size is not None:
-        changes["batch_size"] = args.batch_size
-    if args.d_model is not None:
-        changes["d_model"] = args.d_model
-    if args.layers is not None:
-        changes["num_layers"] = args.layers
-    return TrainConfig(**changes).resolve()
+def bench_settings(args):
+    """The settings the benchmark trains with, over the defaults."""
+    settings = dict(task=args.task, steps=args.steps, jit_compile=args.jit,
+                    strategy="default", precision="float32")
+    for flag, name in (("batch_size", "batch_size"), ("d_model", "d_model"),
+                       ("layers", "num_layers")):
+        if getattr(args, flag) is not None:
+            settings[name] = getattr(args, flag)
+    return settings
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import tensorflow as tf
-
-    # The event-file reader logs a deprecation warning on every run.
-    tf.get_logger().setLevel("ERROR")
-
-    from pipelines.common import UsageError
-    from pipelines.train import build_task
-
-    try:
-        config = bench_config(args)
-        config.validate()
-    except UsageError as error:
-        sys.stderr.write(f"bench_train.py: error: {error}\n")
-        return 2
-    task = build_task(config)
+    _bench.setup_tensorflow(PROG)
+    config, task = _training.resolved_config(PROG, bench_settings(args))
     tokens_per_step = config.batch_size * task.seq_len
-    flops_per_token = model_flops_per_token(config, task)
+    flops_per_token = _bench.model_flops_per_token(config, task)
 
     print(f"task {config.task}: batch {config.batch_size} x seq_len "
           f"{task.seq_len} = {tokens_per_step} tokens/step; d_model "
@@ -429,10 +237,7 @@ def main(argv=None):
           f"GPUs: {len(tf.config.list_physical_devices('GPU'))}")
     print(f"model FLOPs/token (fwd+bwd matmuls): {flops_per_token:,.0f}")
 
-    wall = {}
-    start = time.perf_counter()
-    matmul = measure_matmul_flops(args.matmul_size)
-    wall["matmul"] = time.perf_counter() - start
+    matmul = _bench.measure_matmul_flops(args.matmul_size)
     print(f"measured {args.matmul_size}x{args.matmul_size} float32 matmul: "
           f"{matmul / 1e9:.1f} GFLOP/s", flush=True)
 
@@ -442,21 +247,17 @@ def main(argv=None):
     variants = {
         "ours": lambda: run_trainer(config, args.warmup),
         "ours + diagnostics": lambda: run_trainer(
-            config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY
-        ),
+            config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY),
         "ours, in-memory data": lambda: run_trainer(
-            config, args.warmup, synthetic=True
-        ),
+            config, args.warmup, synthetic=True),
         "plain fit (MHA)": lambda: (
-            run_plain_fit(config, task, args.warmup), None, []
-        ),
+            run_plain_fit(config, task, args.warmup), None, []),
     }
     rounds = {name: [] for name in variants}
     wall = {name: 0.0 for name in variants}
     diag_times = []
-    order = list(variants)
     for round_index in range(args.rounds):
-        for name in order if round_index % 2 == 0 else order[::-1]:
+        for name in _bench.round_order(variants, round_index, "reverse"):
             start = time.perf_counter()
             steps_per_second, _, durations = variants[name]()
             wall[name] += time.perf_counter() - start
@@ -467,7 +268,7 @@ def main(argv=None):
             print(f"  round {round_index + 1}: {name}: "
                   f"{steps_per_second:.1f} steps/s", flush=True)
         # The peak is the best the machine showed while it was shared.
-        matmul = max(matmul, measure_matmul_flops(args.matmul_size))
+        matmul = max(matmul, _bench.measure_matmul_flops(args.matmul_size))
     results = {name: max(values) for name, values in rounds.items()}
     print(f"best {args.matmul_size}x{args.matmul_size} float32 matmul: "
           f"{matmul / 1e9:.1f} GFLOP/s")
@@ -477,21 +278,16 @@ def main(argv=None):
     for name, steps_per_second in results.items():
         tokens_per_second = steps_per_second * tokens_per_step
         rows.append([
-            name,
-            f"{1e3 / steps_per_second:.2f}",
+            name, f"{1e3 / steps_per_second:.2f}",
             " / ".join(f"{1e3 / value:.1f}" for value in rounds[name]),
             f"{tokens_per_second:,.0f}",
             f"{tokens_per_second * flops_per_token / 1e9:.2f}",
             f"{100 * tokens_per_second * flops_per_token / matmul:.1f}%",
-            f"{steps_per_second / plain:.2f}",
-            f"{wall[name]:.0f}",
+            f"{steps_per_second / plain:.2f}", f"{wall[name]:.0f}",
         ])
     print()
-    print(_table(
-        ["trainer", "ms/step", "rounds ms/step", "tokens/s",
-         "model GFLOP/s", "MFU", "vs plain", "run s"],
-        rows,
-    ))
+    print(_table(["trainer", "ms/step", "rounds ms/step", "tokens/s",
+                  "model GFLOP/s", "MFU", "vs plain", "run s"], rows))
 
     # Diagnostics run eagerly between steps, outside the timed windows:
     # their cost is the time of one call against the steps between calls.
@@ -544,10 +340,8 @@ def main(argv=None):
           f"{100 * starved:+.1f}% "
           f"({_verdict(starved <= GOAL_STARVATION, starved, noise)})")
     print(json.dumps({
-        "tokens_per_s": {
-            name: [value * tokens_per_step for value in values]
-            for name, values in rounds.items()
-        },
+        "tokens_per_s": {name: [value * tokens_per_step for value in values]
+                         for name, values in rounds.items()},
         "matmul_flops_per_s": matmul,
         "flops_per_token": flops_per_token,
         "diagnostics_call_s": diag_times,

@@ -24,24 +24,15 @@ Bad arguments, or no GPU without `--smoke`, exit with status 2 and one line
 on stderr.
 """
 
-import argparse
-import os
 import sys
-import tempfile
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _bench  # first: backend, log level, sys.path
+import _training
+from _bench import add_flag
+from _bench import tf
 
-_SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-# Run from a source checkout without installing the package.
-sys.path.insert(0, os.path.dirname(_SCRIPTS))
-sys.path.insert(0, _SCRIPTS)
-
-from bench_train import measure_matmul_flops  # noqa: E402
-from bench_train import model_flops_per_token  # noqa: E402
-from bench_train import steady_steps_per_second  # noqa: E402
-from _cli_args import OneLineErrorParser as _Parser
+PROG = "gpu_check.py"
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendor's
 # data sheets; the first name contained in the device name wins, so the
@@ -82,33 +73,18 @@ def _setting_key(flag):
     return {"layers": "num_layers", "heads": "num_heads"}.get(key, key)
 
 
-def _positive(kind, name):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a positive number; received {text!r}"
-            )
-        return value
-
-    return parse
-
-
 def parse_args(argv=None):
-    parser = _Parser(
-        prog="gpu_check.py",
-        description="Tokens/s and model FLOPs utilization of the trainer "
-        "with mixed_bfloat16 and XLA on one GPU.",
+    parser = _bench.parser(
+        PROG,
+        "Tokens/s and model FLOPs utilization of the trainer with "
+        "mixed_bfloat16 and XLA on one GPU.",
     )
     parser.add_argument("--smoke", action="store_true",
                         help="tiny configuration; runs on a CPU")
-    parser.add_argument("--peak-tflops", type=_positive(float,
-                        "--peak-tflops"), default=None,
-                        help="dense bf16 peak of the GPU in TFLOP/s "
-                        "(default: looked up from the device name)")
+    add_flag(parser, "--peak-tflops", None,
+             "dense bf16 peak of the GPU in TFLOP/s (default: looked up from "
+             "the device name)",
+             lambda flag: _bench.positive(float, flag, "a positive number"))
     for flag, help_text in (
         ("steps", "optimizer steps"),
         ("warmup", "steps left out of the timing"),
@@ -120,10 +96,8 @@ def parse_args(argv=None):
         ("key-dim", "per-head query/key size"),
     ):
         key = _setting_key(flag)
-        parser.add_argument(
-            f"--{flag}", type=_positive(int, f"--{flag}"), default=None,
-            help=f"{help_text} (default {FULL[key]}, smoke {SMOKE[key]})",
-        )
+        add_flag(parser, f"--{flag}", None,
+                 f"{help_text} (default {FULL[key]}, smoke {SMOKE[key]})")
     args = parser.parse_args(argv)
     settings = dict(SMOKE if args.smoke else FULL)
     for dest in ("steps", "warmup", "batch_size", "seq_len", "d_model",
@@ -149,14 +123,7 @@ def lookup_peak(device_name):
 
 def main(argv=None):
     args, settings = parse_args(argv)
-    import tensorflow as tf
-
-    from pipelines.common import UsageError
-    from pipelines.config import TrainConfig
-    from pipelines.train import build_task
-    from pipelines.train import train
-
-    tf.get_logger().setLevel("ERROR")
+    _bench.setup_tensorflow(PROG)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         details = tf.config.experimental.get_device_details(gpus[0])
@@ -164,41 +131,18 @@ def main(argv=None):
     elif args.smoke:
         device_name = "CPU (smoke run)"
     else:
-        sys.stderr.write(
-            "gpu_check.py: error: no GPU visible to TensorFlow; run with "
-            "--smoke for a CPU dry run\n"
-        )
-        return 2
+        _bench.fail(PROG, "no GPU visible to TensorFlow; run with --smoke for "
+                    "a CPU dry run", status=2)
 
-    config = TrainConfig(
-        task=settings["task"],
-        seq_len=settings["seq_len"],
-        vocab_size=settings["vocab_size"],
-        d_model=settings["d_model"],
-        num_layers=settings["num_layers"],
-        num_heads=settings["num_heads"],
-        key_dim=settings["key_dim"],
-        batch_size=settings["batch_size"],
-        steps=settings["steps"],
-        precision="mixed_bfloat16",
-        jit_compile="on",
-        strategy="default",
-        # Diagnostics at steps 0 and the last only; one evaluation and one
-        # checkpoint at the end.
-        diagnostics_every=10 * settings["steps"],
-        eval_every=settings["steps"],
-        checkpoint_every=settings["steps"],
-        heldout_size=256,
-        verbose=0,
-    ).resolve()
-    try:
-        config.validate()
-    except UsageError as error:
-        sys.stderr.write(f"gpu_check.py: error: {error}\n")
-        return 2
-    task = build_task(config)
+    model_settings = ("task", "seq_len", "vocab_size", "d_model", "num_layers",
+                      "num_heads", "key_dim", "batch_size", "steps")
+    config, task = _training.resolved_config(PROG, dict(
+        {name: settings[name] for name in model_settings},
+        precision="mixed_bfloat16", jit_compile="on", strategy="default",
+        **_training.quiet_run_settings(settings["steps"]),
+    ))
     tokens_per_step = config.batch_size * task.seq_len
-    flops_per_token = model_flops_per_token(config, task)
+    flops_per_token = _bench.model_flops_per_token(config, task)
 
     used = f"{len(gpus)} GPU(s) visible, 1 used" if gpus else "no GPU"
     print(f"device: {device_name} ({used}); TensorFlow {tf.__version__}")
@@ -211,7 +155,8 @@ def main(argv=None):
     print(f"model FLOPs per token (fwd+bwd matmuls): {flops_per_token:.3e}",
           flush=True)
 
-    matmul = measure_matmul_flops(settings["matmul_size"], dtype="bfloat16")
+    matmul = _bench.measure_matmul_flops(settings["matmul_size"],
+                                         dtype="bfloat16")
     size = settings["matmul_size"]
     print(f"measured {size}x{size} bf16 matmul: {matmul / 1e12:.4g} TFLOP/s",
           flush=True)
@@ -223,9 +168,9 @@ def main(argv=None):
                        "--peak-tflops")
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as logdir:
-        metrics = train(config.replace(logdir=logdir))
-        steps_per_second = steady_steps_per_second(logdir, settings["warmup"])
+    steps_per_second, metrics = _training.train_and_time(
+        config, settings["warmup"], "gpu-check-"
+    )
     run_seconds = time.perf_counter() - start
     if metrics.get("diverged_at_step") is not None:
         print(f"warning: the loss became non-finite at step "

@@ -1,0 +1,305 @@
+"""What the benchmark scripts share: flags, TensorFlow set-up, clocks, the
+order of interleaved rounds, tables, hand-written projections and FLOPs.
+
+Import it first: it sets the Keras backend and TensorFlow's log level before
+Keras is imported, and puts the source checkout on `sys.path` so the scripts
+run without installing the package. Everything here needs only the library
+and `pipelines.common`; what the trainer benchmarks share lives in
+`_training.py`.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+# pipelines.common imports the library, hence Keras and TensorFlow (about 3 s):
+# `--help` is no faster with the framework imported lazily, so it is not.
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from pipelines.common import OneLineErrorParser  # noqa: E402
+
+# --clock: elapsed time, or the CPU time of this process (all threads), which
+# other jobs on a shared machine disturb far less.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def note(text):
+    """Prints a `# ` progress or failure note on stderr at once."""
+    print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def fail(prog, message, status=1):
+    """Writes `prog: error: message` as one line on stderr and exits."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.exit(status)
+
+
+# ------------------------------------------------------------------ flags
+def positive(kind, name, noun):
+    """An argparse type accepting `kind(text) > 0`; errors name the flag."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {noun}; received {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def positive_int(name):
+    """An argparse type accepting integers > 0; errors name the flag."""
+    return positive(int, name, "a positive integer")
+
+
+def positive_int_list(name):
+    """An argparse type for a comma-separated list of integers > 0."""
+
+    def parse(text):
+        try:
+            values = [int(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            values = []
+        if not values or any(value <= 0 for value in values):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a comma-separated list of positive integers; "
+                f"received {text!r}"
+            )
+        return values
+
+    return parse
+
+
+def subset_list(name, choices):
+    """An argparse type for a comma-separated subset of `choices`, in the
+    order given, without repeats."""
+
+    def parse(text):
+        values = [item.strip() for item in text.split(",") if item.strip()]
+        if not values or any(value not in choices for value in values):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a comma-separated subset of "
+                f"{','.join(choices)}; received {text!r}"
+            )
+        return list(dict.fromkeys(values))
+
+    return parse
+
+
+def parser(prog, description):
+    """The scripts' argument parser: a bad flag is one line on stderr and
+    exit status 2 (`pipelines.common.OneLineErrorParser`)."""
+    return OneLineErrorParser(prog=prog, description=description)
+
+
+def add_flag(parser, flag, default, help, parse=positive_int):
+    """Adds `flag`, parsed by `parse(flag)` (so its errors name the flag)."""
+    parser.add_argument(flag, type=parse(flag), default=default, help=help)
+
+
+# ------------------------------------------------------------- set-up
+def setup_tensorflow(prog, threads=None):
+    """Checks the Keras backend, sets TensorFlow's thread counts (before its
+    first op) and silences its Python logger.
+
+    Exits with status 2 unless Keras runs on TensorFlow.
+    """
+    if keras.backend.backend() != "tensorflow":
+        fail(
+            prog,
+            "needs the tensorflow Keras backend; KERAS_BACKEND is "
+            f"{keras.backend.backend()!r}",
+            status=2,
+        )
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    # The benchmarks build fresh tf.functions per case on purpose; TF's
+    # retracing warnings about functions created in a loop would only be
+    # noise here.
+    tf.get_logger().setLevel("ERROR")
+
+
+def round_order(names, index, mode):
+    """The order in which round `index` runs `names`.
+
+    `"rotate"` shifts the order by one each round, so no peer always runs
+    right after the same one; `"reverse"` runs every other round backwards,
+    so the slow spells of a shared machine and first-run effects do not all
+    land on one name.
+    """
+    names = list(names)
+    if mode == "rotate":
+        shift = index % len(names)
+        return names[shift:] + names[:shift]
+    if mode == "reverse":
+        return names if index % 2 == 0 else names[::-1]
+    raise ValueError(f"`mode` must be 'rotate' or 'reverse'; received {mode!r}")
+
+
+def text_table(headers, rows, widths=None, header_justify="right"):
+    """A plain-text table as one string: the header, a rule, then the rows.
+
+    Args:
+        headers: the column titles.
+        rows: lists of cells (`str()` is applied), one per column.
+        widths: the column widths; default the widest cell of each column.
+        header_justify: `"right"` or `"left"`; cells are always right-justified.
+    """
+    if widths is None:
+        widths = [
+            max(len(str(h)), *(len(str(row[i])) for row in rows))
+            for i, h in enumerate(headers)
+        ]
+    justify = str.rjust if header_justify == "right" else str.ljust
+    lines = ["  ".join(justify(str(h), w) for h, w in zip(headers, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
+    return "\n".join(lines)
+
+
+# -------------------------------------------------- hand-written attention
+PROJECTIONS = ("query", "key", "value", "output")
+
+
+def dot_product_attention(q, k, v, scale):
+    """`keras.ops.dot_product_attention`, the fused op."""
+    return keras.ops.dot_product_attention(q, k, v, scale=scale)
+
+
+class HandProjectedAttention(keras.layers.Layer):
+    """Self-attention: Q/K/V/O einsums around `attend(q, k, v, scale)`.
+
+    Kernel shapes and weight names match `ScaledDotProductAttention` and
+    `MultiHeadAttention`: `(D, H, key_dim)` for Q, K and V and
+    `(H, key_dim, D)` for the output; biases `(H, key_dim)` and `(D,)`.
+    The scale is `1 / sqrt(key_dim)`; `attend` returns `(B, T, H, key_dim)`
+    (default: `keras.ops.dot_product_attention`).
+    """
+
+    def __init__(self, num_heads, key_dim, use_bias=False,
+                 attend=dot_product_attention, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.use_bias = use_bias
+        self.attend = attend
+
+    def build(self, input_shape):
+        width, heads, key_dim = input_shape[-1], self.num_heads, self.key_dim
+        for name in PROJECTIONS:
+            output = name == "output"
+            kernel = (heads, key_dim, width) if output else (width, heads, key_dim)
+            setattr(self, f"{name}_kernel",
+                    self.add_weight(name=f"{name}_kernel", shape=kernel))
+            if self.use_bias:
+                bias = (width,) if output else (heads, key_dim)
+                setattr(self, f"{name}_bias", self.add_weight(
+                    name=f"{name}_bias", shape=bias, initializer="zeros"))
+
+    def call(self, inputs):
+        ops = keras.ops
+        q = ops.einsum("btd,dhk->bthk", inputs, self.query_kernel)
+        k = ops.einsum("bsd,dhk->bshk", inputs, self.key_kernel)
+        v = ops.einsum("bsd,dhk->bshk", inputs, self.value_kernel)
+        if self.use_bias:
+            q = q + self.query_bias
+            k = k + self.key_bias
+            v = v + self.value_bias
+        attended = self.attend(q, k, v, 1.0 / self.key_dim**0.5)
+        output = ops.einsum("bthk,hko->bto", attended, self.output_kernel)
+        if self.use_bias:
+            output = output + self.output_bias
+        return output
+
+
+def weights_in_order(layer, use_bias):
+    """A built peer's weights in the order Q, K, V, O (kernel, then bias when
+    `use_bias`): of a `MultiHeadAttention`, a `ScaledDotProductAttention` or
+    a `HandProjectedAttention`."""
+    weights = []
+    for name in PROJECTIONS:
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            dense = getattr(layer, f"{name}_dense")
+            pair = (dense.kernel, dense.bias if use_bias else None)
+        else:
+            pair = (getattr(layer, f"{name}_kernel"),
+                    getattr(layer, f"{name}_bias") if use_bias else None)
+        weights.extend(weight for weight in pair if weight is not None)
+    return weights
+
+
+# ------------------------------------------------------------------ FLOPs
+def model_flops_per_token(config, task):
+    """Matmul FLOPs of one training token (forward + backward = 3 x forward).
+
+    Projections, Q K^T, A V, output projection, feed-forward and classifier;
+    embeddings, norms and softmax are left out.
+
+    Args:
+        config: a resolved `TrainConfig`.
+        task: its `SequenceTask`.
+
+    Returns:
+        FLOPs per token position (a float).
+    """
+    d_model = config.d_model
+    heads = config.num_heads
+    key_dim = config.key_dim
+    value_dim = config.value_dim or key_dim
+    ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
+    seq_len = task.seq_len
+    per_layer = (
+        2 * d_model * heads * key_dim * 2      # W_Q, W_K
+        + 2 * d_model * heads * value_dim      # W_V
+        + 2 * seq_len * heads * key_dim        # q . k against every key
+        + 2 * seq_len * heads * value_dim      # weights @ V
+        + 2 * heads * value_dim * d_model      # W_O
+        + 2 * d_model * ff_dim * 2             # feed-forward in and out
+    )
+    forward = config.num_layers * per_layer + 2 * d_model * task.num_classes
+    return 3.0 * forward
+
+
+def measure_matmul_flops(size=2048, dtype="float32", seconds=2.0):
+    """FLOP/s of an `size x size` matmul on the default device.
+
+    Chains several matmuls per call so the timing is not dominated by
+    dispatch; returns the best of the samples taken in `seconds`.
+    """
+    a = tf.random.stateless_normal([size, size], seed=[1, 2], dtype=dtype)
+    b = tf.random.stateless_normal([size, size], seed=[3, 4], dtype=dtype)
+    # Scaled so that chained products keep a finite magnitude.
+    b = b / tf.cast(size, dtype) ** 0.5
+    chain = 4
+
+    @tf.function
+    def run(x):
+        for _ in range(chain):
+            x = tf.matmul(x, b)
+        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+
+    float(run(a))  # Trace and warm up.
+    flops_per_call = 2.0 * size ** 3 * chain
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        float(run(a))
+        elapsed = time.perf_counter() - start
+        best = max(best, flops_per_call / elapsed)
+        if time.perf_counter() > deadline:
+            return best

@@ -1,0 +1,85 @@
+"""The benchmark scripts as a user runs them: bad flags exit 2 with one error
+line, bench_layer's smallest case prints its table, and gpu_check's smoke run
+trains through the pipeline.
+
+Each test starts the script in a subprocess (its imports take about 3 s).
+TensorFlow's C++ start-up lines on stderr are not the script's; the tests
+count only the lines the script writes (those starting with its name).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _run(script, *argv, timeout=120):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *argv], capture_output=True,
+        text=True, timeout=timeout, env=env,
+    )
+
+
+def _own_lines(completed, script):
+    return [line for line in completed.stderr.splitlines()
+            if line.startswith(f"{script}: ")]
+
+
+BAD_FLAGS = [
+    ("bench_layer.py", ["--heads", "0"], "--heads"),
+    ("bench_layer.py", ["--implementations", "explicit,nope"],
+     "--implementations"),
+    ("bench_layer.py", ["--clock", "sundial"], "--clock"),
+    ("bench_memory.py", ["--seq-lens", "1024,x"], "--seq-lens"),
+    ("bench_memory.py", ["--case", "explicit"], "--case needs --seq-len"),
+    ("bench_train.py", ["--task", "nope"], "--task"),
+    ("bench_train.py", ["--steps", "40", "--warmup", "40"], "--warmup"),
+    ("gpu_check.py", ["--peak-tflops", "-1"], "--peak-tflops"),
+    ("gpu_check.py", ["--smoke", "--layers", "0"], "--layers"),
+]
+
+
+@pytest.mark.parametrize("script, argv, expected", BAD_FLAGS)
+def test_bad_flags_exit_2_with_one_line(script, argv, expected):
+    completed = _run(script, *argv)
+    own = _own_lines(completed, script)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert len(own) == 1 and own[0].startswith(f"{script}: error: "), own
+    assert expected in own[0]
+    assert completed.stdout == ""
+
+
+def test_bench_layer_smallest_case_prints_the_table():
+    completed = _run(
+        "bench_layer.py", "--seq-lens", "8", "--heads", "1", "--batch", "1",
+        "--width", "8", "--key-dim", "4", "--jit", "off", "--repeats", "1",
+        "--warmup", "1", "--implementations", "explicit,fused",
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines)
+                  if line.split()[:4] == ["seq_len", "heads", "jit", "impl"])
+    rows = [line.split() for line in lines[header + 2:]]
+    assert [row[:4] for row in rows] == [
+        ["8", "1", "off", "explicit"], ["8", "1", "off", "fused"]
+    ]
+    for row in rows:
+        assert all(float(cell) > 0 for cell in row[4:])
+    notes = [line for line in completed.stderr.splitlines()
+             if line.startswith("# seq_len=8 heads=1 jit=off")]
+    assert len(notes) == 2
+
+
+def test_gpu_check_smoke_trains_and_reports():
+    completed = _run("gpu_check.py", "--smoke", "--steps", "20",
+                     "--warmup", "5", timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    out = completed.stdout
+    assert "config: task reverse, seq_len 16, batch 16" in out
+    assert "steady: " in out and "tokens/s" in out
+    assert "held-out accuracy after 20 steps: " in out
