@@ -57,17 +57,8 @@ class _ChunkMasks:
     `(B, H, query_chunk, key_chunk)`, or None when nothing is masked.
     """
 
-    def __init__(
-        self,
-        key_mask,
-        query_mask,
-        attention_mask,
-        causal,
-        length,
-        num_keys,
-        query_chunk,
-        key_chunk,
-    ):
+    def __init__(self, masks, length, num_keys, query_chunk, key_chunk):
+        key_mask, query_mask, attention_mask, causal = masks
         self.query_chunk = query_chunk
         self.key_chunk = key_chunk
         self.causal = causal
@@ -208,10 +199,13 @@ def backward_block(
 
 
 class Problem:
-    """Chunk geometry of one call and its block mask builder."""
+    """Chunk geometry of one call and its block mask builder.
+
+    `masks` is `(key_mask, query_mask, attention_mask, causal)`, as
+    `memory_efficient_attention` takes them.
+    """
 
     def __init__(self, length, num_keys, masks, query_chunk_size, key_chunk_size):
-        key_mask, query_mask, attention_mask, causal = masks
         self.length = length
         self.num_keys = num_keys
         # Never pad short sequences up to a large chunk.
@@ -219,16 +213,9 @@ class Problem:
         self.key_chunk = _clamp_chunk(key_chunk_size, num_keys)
         self.num_query_chunks = _num_chunks(length, self.query_chunk)
         self.num_key_chunks = _num_chunks(num_keys, self.key_chunk)
-        self.causal = causal
+        self.causal = masks[3]
         self.masks = _ChunkMasks(
-            key_mask,
-            query_mask,
-            attention_mask,
-            causal,
-            length,
-            num_keys,
-            self.query_chunk,
-            self.key_chunk,
+            masks, length, num_keys, self.query_chunk, self.key_chunk
         )
 
     def split_queries(self, x):
