@@ -19,6 +19,9 @@ Every format is written to a temporary path beside `path` and renamed into
 place only once complete, so an interrupted export never leaves a partial
 model at `path`, and an existing model is replaced only with
 `overwrite=True`.
+
+Floor 2: imports keras, TensorFlow (lazily, for the formats that need it),
+`keras_attention.{files, recording, validation}`.
 """
 
 import contextlib

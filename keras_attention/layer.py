@@ -2,7 +2,8 @@
 
 The one public class of this module; what it needs beyond its weights (the
 projections, the masks, the input checks, the fused path) lives in
-`keras_attention._layer_utils`.
+`keras_attention._layer_utils`. Floor 1 (layer): imports keras and the
+core modules (`ops`, `memory_efficient`, `initializers`, `validation`).
 """
 
 import math
