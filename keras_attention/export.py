@@ -19,8 +19,12 @@ Every format is written to a temporary path beside `path` and renamed into
 place only once complete, so an interrupted export never leaves a partial
 model at `path`, and an existing model is replaced only with
 `overwrite=True`.
+
+Floor 2: imports keras, TensorFlow (lazily, for the formats that need it),
+`keras_attention.{files, recording, validation}`.
 """
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -29,8 +33,11 @@ import tempfile
 
 import keras
 
+from keras_attention.files import atomic_path
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
+from keras_attention.validation import check_bool
+from keras_attention.validation import check_choice
 
 FORMATS = ("saved_model", "keras", "tflite")
 SERVING_SIGNATURE = "serving_default"
@@ -69,24 +76,19 @@ def export_model(model, path, format="saved_model", overwrite=False):
 
     Example:
 
-    >>> model = build_sequence_model(vocab_size=12, seq_len=8)
-    >>> export_model(model, "/tmp/reverse_model")
-    >>> import tensorflow as tf
-    >>> served = tf.saved_model.load("/tmp/reverse_model")
-    >>> served.signatures["serving_default"](tokens=tokens)["predictions"]
+    ```python
+    model = build_sequence_model(vocab_size=12, seq_len=8)
+    export_model(model, "/tmp/reverse_model")
+    served = tf.saved_model.load("/tmp/reverse_model")
+    served.signatures["serving_default"](tokens=tokens)["predictions"]
+    ```
     """
     if not isinstance(model, keras.Model):
         raise ValueError(
             f"`model` must be a keras.Model; received {type(model).__name__}."
         )
-    if format not in FORMATS:
-        raise ValueError(
-            f"`format` must be one of {FORMATS}; received {format!r}."
-        )
-    if not isinstance(overwrite, bool):
-        raise ValueError(
-            f"`overwrite` must be True or False; received {overwrite!r}."
-        )
+    check_choice(format, "format", FORMATS)
+    overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"`path` must be a non-empty path; received {path!r}.")
     path = os.path.abspath(os.fspath(path))
@@ -95,26 +97,16 @@ def export_model(model, path, format="saved_model", overwrite=False):
         _check_tensorflow_backend(format)
     check_export_target(path, format, overwrite)
 
-    staging = _make_staging_directory(path)
-    try:
+    with contextlib.ExitStack() as stack:
+        staged = _stage(stack, path, directory=format == "saved_model")
         if format == "saved_model":
-            _write_saved_model(model, staging)
-            written = staging
+            _write_saved_model(model, staged)
         elif format == "keras":
-            written = os.path.join(staging, "model.keras")
-            model.save(written)
+            model.save(staged)
         else:
-            saved_model = os.path.join(staging, "saved_model")
-            signature_keys = _write_saved_model(model, saved_model)
-            written = os.path.join(staging, "model.tflite")
-            with open(written, "wb") as handle:
-                handle.write(_convert_to_tflite(saved_model, signature_keys))
-        _move_into_place(written, path, overwrite)
-    finally:
-        # On success only leftovers remain (the SavedModel a TFLite file was
-        # converted from); on failure the half-written model goes.
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+            flat_buffer = _tflite_model(model, os.path.dirname(path))
+            with open(staged, "wb") as handle:
+                handle.write(flat_buffer)
     return path
 
 
@@ -136,8 +128,10 @@ def serving_module(model):
 
     Example:
 
-    >>> module, signatures = serving_module(model)
-    >>> tf.saved_model.save(module, "/tmp/served", signatures=signatures)
+    ```python
+    module, signatures = serving_module(model)
+    tf.saved_model.save(module, "/tmp/served", signatures=signatures)
+    ```
     """
     _check_tensorflow_backend("saved_model")
     import tensorflow as tf
@@ -255,7 +249,9 @@ def check_export_target(path, format="saved_model", overwrite=False):
 
     Example:
 
-    >>> check_export_target("/tmp/model.keras", format="keras")
+    ```python
+    check_export_target("/tmp/model.keras", format="keras")  # no error
+    ```
     """
     path = os.path.abspath(os.fspath(path))
     if format == "keras" and not path.endswith(".keras"):
@@ -283,26 +279,24 @@ def check_export_target(path, format="saved_model", overwrite=False):
 
 
 # ------------------------------------------------------------------ writes
-def _make_staging_directory(path):
-    """Creates the temporary directory beside `path` that the export is
-    written to, and any missing parent directories."""
+def _stage(stack, path, directory):
+    """Enters `atomic_path` for `path` on `stack`, creating the missing
+    parent directories; returns the temporary path to write the export to.
+
+    The export is renamed onto `path` by `_move_into_place`, which can
+    replace an existing SavedModel atomically.
+    """
     parent = os.path.dirname(path)
     try:
         os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(
-            prefix=f".{os.path.basename(path)}.tmp-", dir=parent
+        return stack.enter_context(
+            atomic_path(path, directory=directory, replace=_move_into_place)
         )
-        # `mkdtemp` makes the directory private; a SavedModel renamed from it
-        # gets the permissions of any new directory, for a server's user.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
-        return staging
     except OSError as error:
         reason = error.strerror or str(error)
         raise ValueError(
-            f"`path` {path} is not writable: cannot create a directory in "
-            f"{parent} ({reason})."
+            f"`path` {path} is not writable: cannot create a temporary "
+            f"export in {parent} ({reason})."
         ) from None
 
 
@@ -316,36 +310,44 @@ def _write_saved_model(model, directory):
     return list(signatures)
 
 
-def _convert_to_tflite(saved_model_dir, signature_keys):
-    """Converts a SavedModel of `serving_module` to a TFLite flat buffer.
+def _tflite_model(model, scratch_parent):
+    """The TFLite flat buffer of `serving_module(model)`.
 
-    Conversion goes through the SavedModel because the converter's direct
+    Conversion goes through a SavedModel (written to a scratch directory in
+    `scratch_parent`, removed afterwards) because the converter's direct
     Keras 3 entry point (`from_keras_model`) fails on TF >= 2.16
     (tensorflow/tensorflow#63867).
     """
     import tensorflow as tf
 
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        saved_model_dir, signature_keys=signature_keys
-    )
-    return converter.convert()
+    with tempfile.TemporaryDirectory(prefix=".saved_model.tmp-",
+                                     dir=scratch_parent) as scratch:
+        saved_model = os.path.join(scratch, "saved_model")
+        signature_keys = _write_saved_model(model, saved_model)
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            saved_model, signature_keys=signature_keys
+        )
+        return converter.convert()
 
 
-def _move_into_place(source, path, overwrite):
-    """Renames the finished export `source` to `path`.
+def _move_into_place(source, path):
+    """Renames the finished export `source` to `path` (`atomic_path`'s
+    last step).
 
     A file replaces a file in one atomic rename. An existing SavedModel
-    directory is swapped with the new one in one atomic exchange where the
-    system offers it (Linux `renameat2`); elsewhere it is renamed aside, the
-    new model renamed in and the old one deleted (on failure it is renamed
-    back).
+    directory (`check_export_target` allowed it: `overwrite=True`) is
+    swapped with the new model in one atomic exchange where the system
+    offers it (Linux `renameat2`): `os.replace` cannot put anything onto a
+    non-empty directory, and deleting the old model first would leave no
+    model at `path` for a moment, or none at all after a crash. No library
+    offers the exchange. Elsewhere the old model is renamed aside, the new
+    one renamed in and the old one deleted (on failure it is renamed back).
     """
     if not os.path.isdir(path) or os.path.islink(path):
         if os.path.lexists(path) and os.path.isdir(source):
             os.remove(path)  # A file (or link) making way for a SavedModel.
         os.replace(source, path)
         return
-    assert overwrite  # `check_export_target` refused this otherwise.
     if _exchange(source, path):
         # `source` now holds the old model.
         shutil.rmtree(source, ignore_errors=True)

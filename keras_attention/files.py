@@ -3,7 +3,8 @@
 `atomic_path(path)` is the one atomic writer of the package and of the
 pipelines built on it: whatever is written to the temporary path it yields
 (a file or a directory) is renamed onto `path` only once the block ends
-without an error, and removed otherwise.
+without an error, and removed otherwise. Floor 0 (core): standard library
+only.
 """
 
 import contextlib
@@ -20,37 +21,53 @@ def _remove(path):
 
 
 @contextlib.contextmanager
-def atomic_path(path, directory=False):
+def atomic_path(path, directory=False, replace=None):
     """Yields a temporary path beside `path`; renames it onto `path` at the end.
 
-    The temporary name keeps `path`'s suffix (`model.keras` is staged as
-    `.tmp-XXXX.keras`), because some writers choose the format by it. It
-    lies in the same directory, so the final `os.replace` is atomic.
+    The temporary name starts with `path`'s name and keeps its suffix
+    (`model.keras` is staged as `.model.keras.tmp-XXXX.keras`), because some
+    writers choose the format by it. It lies in the same directory, so the
+    final `os.replace` is atomic.
 
     Args:
         path: the file (or, with `directory=True`, the directory) to write.
-            Replacing an existing directory is not atomic; see
-            `keras_attention.export` for the exchange that makes it so.
+            Its parent directory must exist.
         directory: stage an (empty, created) directory instead of a file
-            name that does not exist yet.
+            name that does not exist yet. It gets the permissions of any new
+            directory (not `mkdtemp`'s private ones).
+        replace: the last step, `replace(temporary, path)`, instead of
+            `os.replace` (which first deletes an existing directory at
+            `path` when a directory replaces it: not atomic). See
+            `keras_attention.export` for an exchange that is.
 
     Yields:
         The temporary path to write to.
+
+    Raises:
+        OSError: when the temporary path cannot be created; errors of the
+            block propagate after the temporary path is removed.
     """
     parent = os.path.dirname(os.path.abspath(path))
-    suffix = "" if directory else os.path.splitext(path)[1]
+    prefix = f".{os.path.basename(path)}.tmp-"
     if directory:
-        temporary = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+        temporary = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o777 & ~umask)
     else:
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix,
+        suffix = os.path.splitext(path)[1]
+        handle, temporary = tempfile.mkstemp(prefix=prefix, suffix=suffix,
                                              dir=parent)
         os.close(handle)
         os.remove(temporary)  # Writers such as model.save expect no file.
     try:
         yield temporary
-        if directory and os.path.isdir(path):
-            shutil.rmtree(path)
-        os.replace(temporary, path)
+        if replace is not None:
+            replace(temporary, path)
+        else:
+            if directory and os.path.isdir(path):
+                shutil.rmtree(path)
+            os.replace(temporary, path)
     except BaseException:
         _remove(temporary)
         raise

@@ -1,4 +1,10 @@
-"""The `ScaledDotProductAttention` Keras layer."""
+"""The `ScaledDotProductAttention` Keras layer.
+
+The one public class of this module; what it needs beyond its weights (the
+projections, the masks, the input checks, the fused path) lives in
+`keras_attention._layer_utils`. Floor 1 (layer): imports keras and the
+core modules (`ops`, `memory_efficient`, `initializers`, `validation`).
+"""
 
 import math
 import numbers
@@ -6,69 +12,18 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention import _layer_utils as utils
 from keras_attention import ops as attention_ops
 from keras_attention.initializers import fresh
-from keras_attention.ops import SCALE_MODES
-
-try:  # Where Keras keeps a tensor's propagated mask (all backends).
-    from keras.src.backend.common.masking import get_keras_mask as _keras_mask
-except ImportError:  # pragma: no cover - older or newer Keras layouts
-
-    def _keras_mask(tensor):
-        return getattr(tensor, "_keras_mask", None)
+from keras_attention.memory_efficient import memory_efficient_attention
+from keras_attention.validation import check_choice
+from keras_attention.validation import check_int
 
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
 
 # Above this many query-key pairs per head, `implementation="auto"` switches
 # to the chunked path, whose memory does not grow with T * S.
 MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
-
-
-def _check_positive_int(value, name, allow_none=False):
-    if value is None and allow_none:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value <= 0
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive integer; received {value!r}."
-        )
-
-
-def _flat_matmul(inputs, kernel):
-    """`inputs (B, T, K)` times `kernel (K, N)` -> `(B, T, N)` as one 2-D matmul.
-
-    Flattening B and T first matters: a rank-3 by rank-2 matmul is a
-    broadcast batched matmul on TensorFlow, whose kernel gradient is B
-    per-example products summed afterwards (and under XLA the forward pass
-    too is B small products).
-    """
-    shape = ops.shape(inputs)
-    flat = ops.reshape(inputs, (-1, kernel.shape[0]))
-    return ops.reshape(
-        ops.matmul(flat, kernel), (shape[0], shape[1], kernel.shape[1])
-    )
-
-
-def _heads_flat(kernel):
-    """A `(D, H, d)` projection kernel as the `(D, H * d)` matrix."""
-    features, heads, size = kernel.shape
-    return ops.reshape(kernel, (features, heads * size))
-
-
-def _project(inputs, kernel):
-    """`inputs (B, T, D)` times `kernel (D, H, d)` -> `(B, T, H, d)`.
-
-    One plain matmul over the flattened heads: on TensorFlow,
-    keras.ops.einsum lowers this pattern to custom ops that are about 3x
-    slower under XLA.
-    """
-    _, heads, size = kernel.shape
-    projected = _flat_matmul(inputs, _heads_flat(kernel))
-    shape = ops.shape(inputs)
-    return ops.reshape(projected, (shape[0], shape[1], heads, size))
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -165,10 +120,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int(key_dim, "key_dim")
-        _check_positive_int(num_heads, "num_heads")
-        _check_positive_int(value_dim, "value_dim", allow_none=True)
-        _check_positive_int(output_dim, "output_dim", allow_none=True)
+        self.key_dim = check_int(key_dim, "key_dim")
+        self.num_heads = check_int(num_heads, "num_heads")
+        value_dim = check_int(value_dim, "value_dim", allow_none=True)
+        self.value_dim = self.key_dim if value_dim is None else value_dim
+        self.output_dim = check_int(output_dim, "output_dim", allow_none=True)
         if isinstance(scale, str) and scale == "learned":
             self._fixed_scale = None
         else:
@@ -180,15 +136,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
             raise ValueError(
                 f"`dropout` must be a number in [0, 1); received {dropout!r}."
             )
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(
-                f"`implementation` must be one of {IMPLEMENTATIONS}; "
-                f"received {implementation!r}."
-            )
-        self.key_dim = int(key_dim)
-        self.num_heads = int(num_heads)
-        self.value_dim = int(value_dim) if value_dim is not None else self.key_dim
-        self.output_dim = int(output_dim) if output_dim is not None else None
+        check_choice(implementation, "implementation", IMPLEMENTATIONS)
         self.scale = scale
         self.qk_norm = bool(qk_norm)
         self.use_bias = bool(use_bias)
@@ -298,7 +246,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         # several tensors; in self-attention `query` is the only one, so pick
         # up its mask here (it masks both the queries and the keys).
         if value is None and kwargs.get("query_mask") is None:
-            mask = _keras_mask(query)
+            mask = utils.keras_mask(query)
             if mask is not None:
                 kwargs["query_mask"] = mask
         return super().__call__(query, value=value, key=key, **kwargs)
@@ -324,77 +272,20 @@ class ScaledDotProductAttention(keras.layers.Layer):
             key = value
             if key_mask is None:
                 key_mask = value_mask
-        self._check_inputs(query, value, key)
-
-        if query is key and key is value:
-            q, k, v = self._project_together(query)
-        else:
-            q = _project(query, self.query_kernel)
-            k = _project(key, self.key_kernel)
-            v = _project(value, self.value_kernel)
-        if self.use_bias:
-            q = q + self.query_bias
-            k = k + self.key_bias
-            v = v + self.value_bias
-        if self.qk_norm:
-            q = self.query_norm(q)
-            k = self.key_norm(k)
-
-        scale = (
-            self._fixed_scale
-            if self._fixed_scale is not None
-            else self.learned_scale
+        utils.check_inputs(query, value, key)
+        masks = utils.build_masks(
+            query, key, self.num_heads, query_mask, value_mask, key_mask,
+            attention_mask, use_causal_mask,
         )
-        if attention_mask is not None:
-            attention_mask = self._expand_attention_mask(
-                attention_mask, query, key
-            )
+        q, k, v = self._project(query, value, key)
         dropout_active = bool(training) and self.dropout > 0.0
-        path = self._choose_path(
-            query, key, return_attention_scores, dropout_active
+        attended, weights = self._compute_attention(
+            q, k, v, masks, return_attention_scores, dropout_active
         )
-        weights = None
-        if path == "memory_efficient":
-            from keras_attention.memory_efficient import (
-                memory_efficient_attention,
-            )
-
-            attended = memory_efficient_attention(
-                q,
-                k,
-                v,
-                scale=scale,
-                key_mask=attention_ops.combine_masks(value_mask, key_mask),
-                query_mask=query_mask,
-                attention_mask=attention_mask,
-                causal=use_causal_mask,
-            )
-        else:
-            mask = self._combined_mask(
-                query,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                use_causal_mask,
-            )
-            if path == "fused":
-                attended = self._fused_attention(q, k, v, mask, scale)
-            elif path == "explicit_weights":
-                attended, weights = self._explicit_attention(
-                    q, k, v, mask, scale, dropout_active
-                )
-            else:
-                attended = attention_ops.attend_output(q, k, v, mask, scale)
-
+        output = utils.merge_heads(attended)
         if self.output_dim is not None:
-            shape = ops.shape(attended)
-            flat = ops.reshape(
-                attended, (shape[0], shape[1], self.num_heads * self.value_dim)
-            )
-            output = _flat_matmul(
-                flat,
+            output = utils.flat_matmul(
+                output,
                 ops.reshape(
                     self.output_kernel,
                     (self.num_heads * self.value_dim, self.output_dim),
@@ -402,40 +293,56 @@ class ScaledDotProductAttention(keras.layers.Layer):
             )
             if self.use_bias:
                 output = output + self.output_bias
-        else:
-            shape = ops.shape(attended)
-            output = ops.reshape(
-                attended,
-                (shape[0], shape[1], self.num_heads * self.value_dim),
-            )
         if return_attention_scores:
             return output, weights
         return output
 
-    def _project_together(self, inputs):
-        """Self-attention's Q, K and V from one matmul with the kernels side
-        by side: one pass over the inputs, and one matmul (instead of three
-        plus two sums) for the inputs' gradient. Measured up to 15% faster
-        for a whole layer step under XLA by scripts/bench_layer.py."""
-        heads, key_dim, value_dim = self.num_heads, self.key_dim, self.value_dim
-        kernel = ops.concatenate(
-            [
-                _heads_flat(self.query_kernel),
-                _heads_flat(self.key_kernel),
-                _heads_flat(self.value_kernel),
-            ],
-            axis=-1,
+    def _project(self, query, value, key):
+        """Q, K and V `(B, length, H, d)`, with biases and qk-norm."""
+        if query is key and key is value:
+            q, k, v = utils.project_together(
+                query, self.query_kernel, self.key_kernel, self.value_kernel
+            )
+        else:
+            q = utils.project(query, self.query_kernel)
+            k = utils.project(key, self.key_kernel)
+            v = utils.project(value, self.value_kernel)
+        if self.use_bias:
+            q = q + self.query_bias
+            k = k + self.key_bias
+            v = v + self.value_bias
+        if self.qk_norm:
+            q = self.query_norm(q)
+            k = self.key_norm(k)
+        return q, k, v
+
+    def _compute_attention(self, q, k, v, masks, need_weights, dropout_active):
+        """The heads' outputs `(B, T, H, d_v)` and the weights (or `None`)
+        on the path `_choose_path` picks."""
+        scale = (
+            self._fixed_scale
+            if self._fixed_scale is not None
+            else self.learned_scale
         )
-        projected = _flat_matmul(inputs, kernel)
-        q, k, v = ops.split(
-            projected, [heads * key_dim, 2 * heads * key_dim], axis=-1
-        )
-        shape = ops.shape(inputs)
-        return (
-            ops.reshape(q, (shape[0], shape[1], heads, key_dim)),
-            ops.reshape(k, (shape[0], shape[1], heads, key_dim)),
-            ops.reshape(v, (shape[0], shape[1], heads, value_dim)),
-        )
+        path = self._choose_path(q, k, need_weights, dropout_active)
+        if path == "memory_efficient":
+            attended = memory_efficient_attention(
+                q,
+                k,
+                v,
+                scale=scale,
+                key_mask=masks.key,
+                query_mask=masks.query,
+                attention_mask=masks.attention,
+                causal=masks.causal,
+            )
+            return attended, None
+        mask = masks.combined(ops.shape(q)[1], ops.shape(k)[1])
+        if path == "explicit_weights":
+            return self._explicit_attention(q, k, v, mask, scale, dropout_active)
+        if path == "fused":
+            return utils.fused_attention(q, k, v, mask, scale), None
+        return attention_ops.attend_output(q, k, v, mask, scale), None
 
     def _choose_path(self, query, key, need_weights, dropout_active):
         """One of "memory_efficient", "fused", "explicit" (output only, with
@@ -489,117 +396,6 @@ class ScaledDotProductAttention(keras.layers.Layer):
             }
         return attended, weights
 
-    def _fused_attention(self, q, k, v, mask, scale):
-        attended = ops.dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            scale=(
-                scale
-                if isinstance(scale, float)
-                else ops.cast(scale, attention_ops.softmax_dtype(q.dtype))
-            ),
-        )
-        if mask is None:
-            return attended
-        # The fused op averages over all keys when a row has none left;
-        # the layer's contract is a zero output.
-        full = ops.broadcast_to(
-            mask,
-            (
-                ops.shape(q)[0],
-                self.num_heads,
-                ops.shape(q)[1],
-                ops.shape(k)[1],
-            ),
-        )
-        row_has_key = ops.any(full, axis=-1)  # (B, H, T)
-        row_has_key = ops.expand_dims(ops.transpose(row_has_key, (0, 2, 1)), -1)
-        return ops.where(row_has_key, attended, ops.zeros_like(attended))
-
-    # ------------------------------------------------------------ validation
-    def _check_inputs(self, query, value, key):
-        for tensor, name in ((query, "query"), (value, "value"), (key, "key")):
-            if len(tensor.shape) != 3:
-                raise ValueError(
-                    f"`{name}` must be rank 3 (batch, length, features); "
-                    f"received shape {tuple(tensor.shape)}."
-                )
-        if (
-            key.shape[1] is not None
-            and value.shape[1] is not None
-            and key.shape[1] != value.shape[1]
-        ):
-            raise ValueError(
-                "`key` and `value` must have the same length; received "
-                f"key shape {tuple(key.shape)} and value shape "
-                f"{tuple(value.shape)}."
-            )
-        batches = {
-            name: tensor.shape[0]
-            for tensor, name in ((query, "query"), (value, "value"), (key, "key"))
-            if tensor.shape[0] is not None
-        }
-        if len(set(batches.values())) > 1:
-            raise ValueError(
-                "`query`, `value` and `key` must have the same batch size; "
-                f"received {batches}."
-            )
-
-    def _expand_attention_mask(self, attention_mask, query, key):
-        attention_mask = ops.convert_to_tensor(attention_mask)
-        expected = (
-            query.shape[0],
-            self.num_heads,
-            query.shape[1],
-            key.shape[1],
-        )
-        rank = len(attention_mask.shape)
-        if rank == 2:
-            attention_mask = attention_mask[None, None, :, :]
-        elif rank == 3:
-            attention_mask = attention_mask[:, None, :, :]
-        elif rank != 4:
-            raise ValueError(
-                "`attention_mask` must have shape (T, S), (B, T, S) or "
-                f"(B, num_heads, T, S) broadcastable to {expected}; received "
-                f"shape {tuple(attention_mask.shape)}."
-            )
-        for got, want in zip(attention_mask.shape, expected):
-            if got is not None and want is not None and got not in (1, want):
-                raise ValueError(
-                    f"`attention_mask` of shape "
-                    f"{tuple(attention_mask.shape)} does not broadcast to "
-                    f"(B, num_heads, T, S) = {expected}."
-                )
-        return ops.cast(attention_mask, "bool")
-
-    def _combined_mask(
-        self,
-        query,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-    ):
-        masks = []
-        if query_mask is not None:
-            masks.append(ops.cast(query_mask, "bool")[:, None, :, None])
-        for mask in (value_mask, key_mask):
-            if mask is not None:
-                masks.append(ops.cast(mask, "bool")[:, None, None, :])
-        if attention_mask is not None:
-            masks.append(attention_mask)
-        if use_causal_mask:
-            causal = attention_ops.causal_mask(
-                ops.shape(query)[1], ops.shape(key)[1]
-            )
-            masks.append(causal[None, None, :, :])
-        return attention_ops.combine_masks(*masks)
-
     # -------------------------------------------------------- shapes, config
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         width = (
@@ -610,21 +406,15 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return (query_shape[0], query_shape[1], width)
 
     def compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
+        self, query, value=None, key=None, return_attention_scores=False,
+        **masks_and_training,
     ):
+        # `__call__` takes no positional argument after `key`, so the masks
+        # and `training` (which do not change the output's spec) arrive here
+        # by name.
         value = query if value is None else value
         key = value if key is None else key
-        self._check_inputs(query, value, key)
+        utils.check_inputs(query, value, key)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape), dtype=self.compute_dtype
         )

@@ -11,6 +11,8 @@ Two rules hold on every path:
   never overflows the exponentials;
 * a query row with no key it may attend to gets all-zero weights and a zero
   output (never NaN and never a uniform average over masked keys).
+
+Floor 0 (core): imports keras only.
 """
 
 import math
@@ -45,17 +47,16 @@ def resolve_scale(scale, key_dim):
 
     Returns:
         A Python float.
+
+    Raises:
+        ValueError: naming `scale`, for any other string, a bool, a
+            non-number, or a number that is not positive and finite.
     """
     if scale is None or (isinstance(scale, str) and scale == "sqrt"):
         return 1.0 / math.sqrt(key_dim)
-    if isinstance(scale, str):
-        if scale == "none":
-            return 1.0
-        raise ValueError(
-            f'`scale` must be "sqrt", "none", "learned" or a positive number; '
-            f"received {scale!r}."
-        )
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if isinstance(scale, str) and scale == "none":
+        return 1.0
+    if isinstance(scale, (str, bool)) or not isinstance(scale, (int, float)):
         raise ValueError(
             f'`scale` must be "sqrt", "none", "learned" or a positive number; '
             f"received {scale!r}."

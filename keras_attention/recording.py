@@ -4,6 +4,7 @@
 `ScaledDotProductAttention` layers of a model (nested models included);
 `record_attention(model)` captures their scores, weights and masks during
 eager calls, for diagnostics and for the exported `attention` signature.
+Floor 1 (layer): imports `keras_attention.layer` only.
 """
 
 import contextlib
