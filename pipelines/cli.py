@@ -7,7 +7,8 @@
 
 Each subcommand lives in its own pipeline module, which provides
 `add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
-2 and one line on stderr, before any work starts.
+2 and one line on stderr, before any work starts. This is floor 4, the top:
+it may import every pipeline, and nothing imports it but `__main__`.
 """
 
 import argparse
@@ -18,6 +19,10 @@ import sys
 from pipelines.common import OneLineErrorParser
 from pipelines.common import UsageError
 
+# The subcommands' modules, imported by `build_parser` only once `main` has
+# imported TensorFlow with stderr muted: importing them imports TensorFlow,
+# whose C++ start-up lines would otherwise land on stderr (this is not a
+# cycle being dodged; nothing imports this module).
 COMMANDS = {
     "train": "pipelines.train",
     "compare": "pipelines.compare",
@@ -34,12 +39,7 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         summary = (module.__doc__ or "").strip().splitlines()[0:1]
         subparser = subparsers.add_parser(
             name,
@@ -81,7 +81,12 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _import_tensorflow_quietly()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:
+        # `--help` (0), or a bad flag or value (2, reported on one line):
+        # returned like every other status, so callers of `main` get it.
+        return exit.code
     try:
         status = args.run(args)
     except UsageError as error:

@@ -62,9 +62,9 @@ from pipelines.common import parse_int_list
 from pipelines.common import write_json_atomic
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
-from pipelines.config import add_train_arguments
-from pipelines.config import config_from_args
 from pipelines.config import load_config_file
+from pipelines.flags import add_train_arguments
+from pipelines.flags import config_from_args
 from pipelines.variance import markdown_table as variance_markdown_table
 from pipelines.variance import variance_table
 
@@ -666,8 +666,8 @@ def probe_at_init(config):
     import keras
 
     from keras_attention.diagnostics import probe_diagnostics
-    from pipelines.train import build_model
-    from pipelines.train import build_task
+    from pipelines.builders import build_model
+    from pipelines.builders import build_task
 
     config = config.resolve()
     task = build_task(config)
@@ -686,7 +686,7 @@ def _run_precision(config):
     """The dtype policy a run of `config` trains under on this machine."""
     import tensorflow as tf
 
-    from pipelines.train import resolve_precision
+    from pipelines.devices import resolve_precision
 
     accelerator = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
     return resolve_precision(config.precision, accelerator)
@@ -697,8 +697,8 @@ def probe_trained(config):
     import keras
 
     from keras_attention.diagnostics import probe_diagnostics
-    from pipelines.train import build_task
-    from pipelines.train import restore_model
+    from pipelines.builders import build_task
+    from pipelines.run_dir import restore_model
 
     config = config.resolve()
     model = restore_model(config.logdir)
