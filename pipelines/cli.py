@@ -12,44 +12,8 @@ it may import every pipeline, and nothing imports it but `__main__`.
 """
 
 import argparse
-import importlib
 import os
 import sys
-
-from pipelines.common import OneLineErrorParser
-from pipelines.common import UsageError
-
-# The subcommands' modules, imported by `build_parser` only once `main` has
-# imported TensorFlow with stderr muted: importing them imports TensorFlow,
-# whose C++ start-up lines would otherwise land on stderr (this is not a
-# cycle being dodged; nothing imports this module).
-COMMANDS = {
-    "train": "pipelines.train",
-    "compare": "pipelines.compare",
-    "variance": "pipelines.variance",
-    "export": "pipelines.export",
-}
-
-
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="keras-attention",
-        description="Scaled dot-product attention: train, compare, export.",
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    for name, module_name in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        summary = (module.__doc__ or "").strip().splitlines()[0:1]
-        subparser = subparsers.add_parser(
-            name,
-            help=summary[0] if summary else None,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(subparser)
-        subparser.set_defaults(run=module.run)
-    return parser
 
 
 def _import_tensorflow_quietly():
@@ -77,9 +41,47 @@ def _import_tensorflow_quietly():
         os.close(devnull)
 
 
+# Before the project imports below: they import TensorFlow (through
+# `keras_attention`), whose start-up lines would otherwise reach stderr.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_import_tensorflow_quietly()
+
+from pipelines import compare  # noqa: E402
+from pipelines import export  # noqa: E402
+from pipelines import train  # noqa: E402
+from pipelines import variance  # noqa: E402
+from pipelines.common import OneLineErrorParser  # noqa: E402
+from pipelines.common import UsageError  # noqa: E402
+
+COMMANDS = {
+    "train": train,
+    "compare": compare,
+    "variance": variance,
+    "export": export,
+}
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="keras-attention",
+        description="Scaled dot-product attention: train, compare, export.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module in COMMANDS.items():
+        summary = (module.__doc__ or "").strip().splitlines()[0:1]
+        subparser = subparsers.add_parser(
+            name,
+            help=summary[0] if summary else None,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(subparser)
+        subparser.set_defaults(run=module.run)
+    return parser
+
+
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    _import_tensorflow_quietly()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
