@@ -29,22 +29,23 @@ _HINTS = typing.get_type_hints(TrainConfig)
 _DEFAULTS = TrainConfig()
 
 
-def _integer(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer; got {text!r}"
-        ) from None
+def _converter(kind, expected):
+    """An argparse `type=`: `kind(text)`, or a one-line error saying what
+    was expected (argparse names the flag)."""
+
+    def convert(text):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {expected}; got {text!r}"
+            ) from None
+
+    return convert
 
 
-def _number(text):
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a number; got {text!r}"
-        ) from None
+_integer = _converter(int, "an integer")
+_number = _converter(float, "a number")
 
 
 def _flag_type(name):
@@ -231,14 +232,7 @@ def settings_from_args(args):
 
 
 def config_from_args(args):
-    """The resolved `TrainConfig` of parsed flags (see `resolve_config`).
-
-    Args:
-        args: the `argparse.Namespace` of a parser set up with
-            `add_train_arguments`.
-
-    Raises:
-        UsageError: on a config file that cannot be read, an unknown task,
-            or scale text that does not parse, naming the flag.
-    """
+    """The resolved `TrainConfig` of parsed flags: `resolve_config` over
+    `settings_from_args(args)`, whose errors (and an unknown task or
+    unparsable `--scale`) it raises as `UsageError`s naming the flag."""
     return resolve_config(settings_from_args(args))
