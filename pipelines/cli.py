@@ -7,49 +7,13 @@
 
 Each subcommand lives in its own pipeline module, which provides
 `add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
-2 and one line on stderr, before any work starts.
+2 and one line on stderr, before any work starts. This is floor 4, the top:
+it may import every pipeline, and nothing imports it but `__main__`.
 """
 
 import argparse
-import importlib
 import os
 import sys
-
-from pipelines.common import OneLineErrorParser
-from pipelines.common import UsageError
-
-COMMANDS = {
-    "train": "pipelines.train",
-    "compare": "pipelines.compare",
-    "variance": "pipelines.variance",
-    "export": "pipelines.export",
-}
-
-
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="keras-attention",
-        description="Scaled dot-product attention: train, compare, export.",
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            continue
-        summary = (module.__doc__ or "").strip().splitlines()[0:1]
-        subparser = subparsers.add_parser(
-            name,
-            help=summary[0] if summary else None,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(subparser)
-        subparser.set_defaults(run=module.run)
-    return parser
 
 
 def _import_tensorflow_quietly():
@@ -77,11 +41,54 @@ def _import_tensorflow_quietly():
         os.close(devnull)
 
 
+# Before the project imports below: they import TensorFlow (through
+# `keras_attention`), whose start-up lines would otherwise reach stderr.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_import_tensorflow_quietly()
+
+from pipelines import compare  # noqa: E402
+from pipelines import export  # noqa: E402
+from pipelines import train  # noqa: E402
+from pipelines import variance  # noqa: E402
+from pipelines.common import OneLineErrorParser  # noqa: E402
+from pipelines.common import UsageError  # noqa: E402
+
+COMMANDS = {
+    "train": train,
+    "compare": compare,
+    "variance": variance,
+    "export": export,
+}
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="keras-attention",
+        description="Scaled dot-product attention: train, compare, export.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module in COMMANDS.items():
+        summary = (module.__doc__ or "").strip().splitlines()[0:1]
+        subparser = subparsers.add_parser(
+            name,
+            help=summary[0] if summary else None,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(subparser)
+        subparser.set_defaults(run=module.run)
+    return parser
+
+
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    _import_tensorflow_quietly()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:
+        # `--help` (0), or a bad flag or value (2, reported on one line):
+        # returned like every other status, so callers of `main` get it.
+        return exit.code
     try:
         status = args.run(args)
     except UsageError as error:

@@ -17,7 +17,10 @@ an existing `--out` is replaced only with `--overwrite`.
 import os
 
 from keras_attention.export import FORMATS
+from keras_attention.export import check_export_target
+from keras_attention.export import export_model
 from pipelines.common import UsageError
+from pipelines.run_dir import restore_model
 
 _SUFFIX_FORMATS = {".keras": "keras", ".tflite": "tflite"}
 
@@ -69,7 +72,7 @@ def resolve_format(path, format=None):
     return format
 
 
-def check_out_path(path, format=None, overwrite=False):
+def check_out_path(path, format=None, overwrite=False, flag="--out"):
     """Checks, touching nothing, that an export may write `path`.
 
     Meant to run before any expensive work, so that a command such as
@@ -79,6 +82,9 @@ def check_out_path(path, format=None, overwrite=False):
         path: the `--out` (or `--export`) path.
         format: the export format, or `None` to follow the suffix of `path`.
         overwrite: whether an existing model at `path` may be replaced.
+        flag: the flag that gave `path`, for messages. Only `--out` comes
+            with `--overwrite`; for another flag a taken path must be
+            removed or another one chosen.
 
     Returns:
         The resolved format.
@@ -88,14 +94,12 @@ def check_out_path(path, format=None, overwrite=False):
             `overwrite`, or a `path` that cannot be written.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise UsageError(f"--out must be a path; got {path!r}")
+        raise UsageError(f"{flag} must be a path; got {path!r}")
     format = resolve_format(path, format)
-    from keras_attention.export import check_export_target
-
     try:
         check_export_target(path, format, overwrite)
     except ValueError as error:
-        raise UsageError(_command_line_wording(error)) from None
+        raise UsageError(_command_line_wording(error, flag)) from None
     return format
 
 
@@ -119,15 +123,14 @@ def export_run(run_dir, path, format=None, overwrite=False):
 
     Example:
 
-    >>> export_run("runs/reverse", "exported/reverse")
+    ```python
+    export_run("runs/reverse", "exported/reverse")
+    ```
     """
     format = check_out_path(path, format, overwrite)
     if not os.path.isdir(run_dir):
         raise UsageError(f"--logdir {run_dir} is not a directory")
     model = _restore(run_dir)
-
-    from keras_attention.export import export_model
-
     try:
         written = export_model(model, path, format=format, overwrite=overwrite)
     except ValueError as error:
@@ -137,8 +140,6 @@ def export_run(run_dir, path, format=None, overwrite=False):
 
 def _restore(run_dir):
     """The run's model; any failure to read it is a `UsageError`."""
-    from pipelines.train import restore_model
-
     try:
         return restore_model(run_dir)
     except UsageError:
@@ -153,12 +154,16 @@ def _restore(run_dir):
         ) from None
 
 
-def _command_line_wording(error):
+def _command_line_wording(error, flag="--out"):
     """A library `ValueError` message in the command line's terms, on one
     line."""
     message = " ".join(str(error).split())
+    if flag != "--out":
+        message = message.replace(
+            "pass overwrite=True to replace it", "remove it or choose another"
+        )
     return (
-        message.replace("`path`", "--out")
+        message.replace("`path`", flag)
         .replace("overwrite=True", "--overwrite")
         .replace("`format`", "--format")
         .rstrip(".")

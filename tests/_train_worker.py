@@ -39,8 +39,8 @@ def run_mirrored(argv_lists):
 def run_multiworker(weights_path, args):
     import numpy as np
 
-    from pipelines.config import add_train_arguments
-    from pipelines.config import config_from_args
+    from pipelines.flags import add_train_arguments
+    from pipelines.flags import config_from_args
     from pipelines.train import train
 
     parser = add_train_arguments(argparse.ArgumentParser())

@@ -16,9 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines.config import TrainConfig
-from pipelines.train import read_event_scalars
-from pipelines.train import restore_model
+from pipelines.run_dir import restore_model
+from pipelines.tensorboard import read_event_scalars
 from pipelines.train import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,16 +35,13 @@ TINY = [
 ]
 
 
-def _config(logdir, **changes):
-    values = dict(
-        task="recall", num_pairs=4, num_keys=8, num_values=4, d_model=16,
-        key_dim=16, batch_size=16, steps=12, log_every=1, eval_every=12,
-        diagnostics_every=12, checkpoint_every=5, heldout_size=64,
-        probe_size=8, seed=3, deterministic=True, verbose=0,
-        strategy="default", logdir=str(logdir),
+def _config(tiny_config, logdir, **changes):
+    """TINY as a config (tests/conftest.py's tiny recall run)."""
+    return tiny_config(
+        steps=12, log_every=1, eval_every=12, diagnostics_every=12,
+        checkpoint_every=5, seed=3, deterministic=True, logdir=str(logdir),
+        **changes,
     )
-    values.update(changes)
-    return TrainConfig(**values)
 
 
 def _environment():
@@ -76,10 +72,10 @@ def _free_ports(count):
 
 
 @pytest.fixture(scope="module")
-def single_device_run(tmp_path_factory):
+def single_device_run(tmp_path_factory, tiny_config):
     """The single-device reference run of TINY (default strategy)."""
     logdir = tmp_path_factory.mktemp("single") / "run"
-    train(_config(logdir))
+    train(_config(tiny_config, logdir))
     return logdir
 
 
@@ -118,7 +114,9 @@ def test_mirrored_matches_single_device(tmp_path, single_device_run):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_multiworker_matches_single_device(tmp_path, single_device_run):
+def test_multiworker_matches_single_device(
+    tmp_path, single_device_run, tiny_config
+):
     # With gradient clipping the step all-reduces the gradients itself
     # (the optimizer must clip the global gradient): that path runs here,
     # the optimizer's own all-reduce in the mirrored test.
@@ -145,7 +143,7 @@ def test_multiworker_matches_single_device(tmp_path, single_device_run):
     try:
         # The single-device reference runs while the workers start.
         reference = tmp_path / "single_clip"
-        train(_config(reference, clip_norm=0.05))
+        train(_config(tiny_config, reference, clip_norm=0.05))
         for worker in workers:
             outputs.append(worker.communicate(timeout=300))
     finally:

@@ -32,8 +32,7 @@ from keras_attention.export import serving_module
 from keras_attention.recording import attention_layers
 from keras_attention.models import build_sequence_model
 from pipelines.cli import main
-from pipelines.config import TrainConfig
-from pipelines.train import restore_model
+from pipelines.run_dir import restore_model
 from pipelines.train import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -443,16 +442,14 @@ def test_export_model_rejects_bad_arguments_before_writing(model, tmp_path):
 
 # -------------------------------------------------------------- command line
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def run_dir(tmp_path_factory, tiny_config):
     """A finished training run that exported itself with `--export`."""
     root = tmp_path_factory.mktemp("run")
     logdir = str(root / "run")
     exported_path = str(root / "at_end.keras")
-    config = TrainConfig(
-        task="reverse", seq_len=6, vocab_size=8, d_model=16, key_dim=8,
-        num_layers=1, batch_size=16, steps=3, eval_every=3,
-        diagnostics_every=3, checkpoint_every=3, heldout_size=32,
-        probe_size=4, verbose=0, strategy="default", logdir=logdir,
+    config = tiny_config(
+        "reverse", num_layers=1, steps=3, eval_every=3, diagnostics_every=3,
+        checkpoint_every=3, heldout_size=32, probe_size=4, logdir=logdir,
         export=exported_path,
     )
     train(config)

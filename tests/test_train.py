@@ -24,22 +24,18 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from keras_attention.tasks import make_task
 from pipelines.cli import main
 from pipelines.common import UsageError
+from pipelines.builders import build_model
 from pipelines.config import TASK_DEFAULTS
+from pipelines.config import Layer
 from pipelines.config import TrainConfig
-from pipelines.config import add_train_arguments
-from pipelines.config import config_from_args
-from pipelines.train import build_model
-from pipelines.train import read_event_scalars
-from pipelines.train import restore_model
+from pipelines.config import resolve_config
+from pipelines.flags import add_train_arguments
+from pipelines.flags import config_from_args
+from pipelines.run_dir import restore_model
+from pipelines.tensorboard import read_event_scalars
 from pipelines.train import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-TINY = dict(
-    task="recall", num_pairs=4, num_keys=8, num_values=4, d_model=16,
-    key_dim=16, batch_size=16, heldout_size=64, probe_size=8, seed=5,
-    verbose=0, strategy="default",
-)
 
 
 def parse(argv):
@@ -92,18 +88,16 @@ def test_config_flags_file_and_task_defaults(tmp_path):
     )
     assert config.qk_norm is False
     assert config.scale == 2.5 and config.num_layers == 3
-    assert config.key_dim is None  # Unset until resolved.
 
-    resolved = config.resolve()
-    assert resolved.key_dim == TASK_DEFAULTS["sort"]["key_dim"]
-    assert resolved.seq_len == TASK_DEFAULTS["sort"]["seq_len"]
-    assert resolved.num_pairs is None  # Not a sort option.
-    assert resolved.logdir == os.path.join("runs", "sort")
-    assert resolved.resolve() == resolved
-    assert TrainConfig.from_dict(resolved.to_dict()) == resolved
-    json.dumps(resolved.to_dict())  # JSON-serialisable.
+    # The task's defaults fill what neither gave.
+    assert config.key_dim == TASK_DEFAULTS["sort"]["key_dim"]
+    assert config.seq_len == TASK_DEFAULTS["sort"]["seq_len"]
+    assert config.num_pairs is None  # Not a sort option.
+    assert config.logdir == os.path.join("runs", "sort")
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    json.dumps(config.to_dict())  # JSON-serialisable.
 
-    recall = TrainConfig(task="recall").resolve()
+    recall = resolve_config([Layer("test", {"task": "recall"})])
     assert recall.optimizer == "sgd" and recall.momentum == 0.9
     assert parse(["--scale", "none"]).scale == "none"
     assert parse(["--qk-norm"]).qk_norm is True
@@ -184,7 +178,7 @@ def test_logdir_with_another_run_is_refused_untouched(tmp_path, capsys):
     argv = ["train", "--task", "recall", "--num-pairs", "4", "--num-keys",
             "8", "--num-values", "4", "--d-model", "16", "--key-dim", "16",
             "--steps", "5", "--logdir", str(logdir)]
-    other = parse(argv[1:]).resolve().replace(precision="float32", key_dim=32)
+    other = parse(argv[1:]).replace(precision="float32", key_dim=32)
     (logdir / "config.json").write_text(json.dumps(other.to_dict()))
     before = tree_listing(logdir)
     assert main(argv) == 2
@@ -195,16 +189,18 @@ def test_logdir_with_another_run_is_refused_untouched(tmp_path, capsys):
 
 # ------------------------------------------------------------- training
 @pytest.mark.parametrize("jit_compile", ["off", "on"])
-def test_first_step_is_the_hand_computed_sgd_update(tmp_path, jit_compile):
+def test_first_step_is_the_hand_computed_sgd_update(
+    tmp_path, jit_compile, tiny_config
+):
     # With jit_compile="on" and one replica the update itself runs in XLA.
-    config = TrainConfig(
-        **TINY, steps=1, optimizer="sgd", learning_rate=0.3, momentum=0.9,
+    config = tiny_config(
+        seed=5, steps=1, optimizer="sgd", learning_rate=0.3, momentum=0.9,
         warmup_steps=0, log_every=1, logdir=str(tmp_path / "run"),
         jit_compile=jit_compile,
     )
     train(config)
 
-    resolved = config.resolve()
+    resolved = config
     task = make_task("recall", num_pairs=4, num_keys=8, num_values=4)
     keras.utils.set_random_seed(resolved.seed)
     model = build_model(resolved)
@@ -262,10 +258,10 @@ def _hparam_value(value):
     return getattr(value, kind)
 
 
-def test_run_directory_events_and_metrics(tmp_path):
+def test_run_directory_events_and_metrics(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
-    config = TrainConfig(
-        **TINY, steps=20, log_every=5, eval_every=10, diagnostics_every=10,
+    config = tiny_config(
+        seed=5, steps=20, log_every=5, eval_every=10, diagnostics_every=10,
         checkpoint_every=10, learning_rate=0.2, warmup_steps=8,
         target_accuracy=0.3, arm="sqrt-arm", logdir=str(run_dir),
     )
@@ -274,9 +270,7 @@ def test_run_directory_events_and_metrics(tmp_path):
     resolved = TrainConfig.from_dict(
         json.loads((run_dir / "config.json").read_text())
     )
-    assert resolved == config.resolve().replace(
-        precision="float32", jit_compile="off"
-    )
+    assert resolved == config.replace(precision="float32", jit_compile="off")
     assert (run_dir / "model.keras").is_file()
     checkpoints = os.listdir(run_dir / "checkpoints")
     assert "ckpt-20.index" in checkpoints and "ckpt-10.index" in checkpoints

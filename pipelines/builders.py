@@ -1,0 +1,139 @@
+"""Builders: the task, the model, the optimizer and its schedule of a config.
+
+Each takes a resolved `TrainConfig` (see `pipelines.config.resolve_config`)
+and builds from its settings as they are; none resolves or validates again.
+"""
+
+import math
+
+import keras
+
+from keras_attention.models import build_sequence_model
+from keras_attention.tasks import make_task
+
+
+def build_task(config):
+    """The `keras_attention.tasks.SequenceTask` of a resolved config."""
+    return make_task(config.task, **config.task_options())
+
+
+def build_model(config, task=None):
+    """Builds the config's model (uninitialised weights come from the
+    current global random state; call `keras.utils.set_random_seed` first
+    for reproducible weights).
+
+    Args:
+        config: a resolved `TrainConfig`.
+        task: the config's task, if already built.
+
+    Returns:
+        A functional `keras.Model` from `tokens` to float32 `logits`.
+    """
+    task = build_task(config) if task is None else task
+    return build_sequence_model(
+        vocab_size=task.vocab_size,
+        seq_len=task.seq_len,
+        num_classes=task.num_classes,
+        d_model=config.d_model,
+        num_layers=config.num_layers,
+        key_dim=config.key_dim,
+        num_heads=config.num_heads,
+        value_dim=config.value_dim,
+        scale=config.scale,
+        qk_norm=config.qk_norm,
+        causal=config.causal,
+        norm=config.norm,
+        ff_dim=config.ff_dim,
+        dropout=config.dropout,
+        token_factors=task.token_factors,
+        qk_init_std=config.qk_init_std,
+        qk_init_gain=config.qk_init_gain,
+        implementation=config.implementation,
+        name=f"{config.task}_model",
+    )
+
+
+# Kept rather than Keras' `CosineDecay(warmup_target=...)`: that warms up
+# as `step / warmup_steps`, so the first update (step 0) gets rate 0 and is
+# wasted. This schedule uses `(step + 1) / warmup_steps`, the fix nanoGPT
+# made (dc81cb36), and reaches the peak on update `warmup_steps`.
+@keras.saving.register_keras_serializable(package="keras_attention")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to `peak`, then constant or cosine decay to 0.
+
+    The optimizer calls the schedule with its update count `i` (0 for the
+    first update): the rate is `peak * (i + 1) / warmup_steps` during warmup.
+
+    Args:
+        peak: learning rate after warmup.
+        warmup_steps: number of warmup updates (0 for none).
+        total_steps: length of the run (the cosine reaches 0 there).
+        decay: `"constant"` or `"cosine"`.
+    """
+
+    def __init__(self, peak, warmup_steps, total_steps, decay="constant"):
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.decay = decay
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        rate = keras.ops.convert_to_tensor(self.peak, "float32")
+        if self.decay == "cosine":
+            span = float(max(self.total_steps - self.warmup_steps, 1))
+            progress = keras.ops.clip((step - self.warmup_steps) / span, 0, 1)
+            rate = rate * 0.5 * (1.0 + keras.ops.cos(math.pi * progress))
+        if self.warmup_steps > 0:
+            ramp = keras.ops.minimum((step + 1.0) / self.warmup_steps, 1.0)
+            rate = rate * ramp
+        return rate
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "decay": self.decay,
+        }
+
+
+def build_optimizer(config, num_replicas=1):
+    """The config's Keras optimizer with its warmup schedule.
+
+    Returns the tuple `(optimizer, schedule)`; under `mixed_float16` the
+    optimizer is a `LossScaleOptimizer`.
+
+    Gradient clipping is by global norm. Under several replicas the training
+    step hands the optimizer each replica's share `g / num_replicas` of the
+    global gradient `g` (the optimizer sums the shares), so the clipping
+    norm is scaled by the same factor.
+    """
+    schedule = WarmupSchedule(
+        config.learning_rate,
+        config.warmup_steps,
+        config.steps,
+        config.lr_schedule,
+    )
+    clip = None
+    if config.clip_norm is not None:
+        clip = config.clip_norm / num_replicas
+    weight_decay = config.weight_decay or None
+    if config.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(
+            schedule,
+            momentum=config.momentum,
+            weight_decay=weight_decay,
+            global_clipnorm=clip,
+        )
+    elif config.optimizer == "adam":
+        optimizer = keras.optimizers.Adam(
+            schedule, weight_decay=weight_decay, global_clipnorm=clip
+        )
+    else:
+        optimizer = keras.optimizers.AdamW(
+            schedule, weight_decay=config.weight_decay, global_clipnorm=clip
+        )
+    if config.precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer, schedule

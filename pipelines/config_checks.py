@@ -1,0 +1,260 @@
+"""The checks of a training config: every setting, named by its flag.
+
+`check_settings(config, choices, task_options)` is the body of
+`TrainConfig.validate()`; it raises `UsageError` with the flag's name
+(`--key-dim must be a positive integer; got 0`), so the command line reports
+one line and exits 2 before anything is written. `parse_scale` and
+`parse_init_std` turn `--scale` and `--qk-init-std` text into a mode or a
+number.
+
+This module does not import `pipelines.config` (which calls it): the
+pipeline-only choice tuples come in as the `choices` argument.
+"""
+
+import math
+import numbers
+
+from keras_attention.models import QK_INIT_MODES
+from keras_attention.ops import SCALE_MODES
+from keras_attention.tasks import TASK_NAMES
+from keras_attention.tasks import make_task
+from keras_attention.validation import is_int
+from keras_attention.validation import is_positive_real
+from pipelines.common import UsageError
+from pipelines.common import check_writable_directory
+
+# Settings that must be positive integers, and those that may also be None
+# (a task option the task does not take, or an optional size).
+_POSITIVE_INTS = (
+    "d_model", "num_layers", "key_dim", "num_heads", "batch_size", "steps",
+    "eval_every", "diagnostics_every", "checkpoint_every", "log_every",
+    "heldout_size", "probe_size",
+)
+_OPTIONAL_POSITIVE_INTS = (
+    "seq_len", "vocab_size", "min_len", "num_pairs", "num_keys",
+    "num_values", "train_size", "value_dim",
+)
+_BOOLS = ("qk_norm", "causal", "deterministic")
+
+
+def flag(name):
+    """The command-line flag of a setting: `key_dim` -> `--key-dim`."""
+    return "--" + name.replace("_", "-")
+
+
+def check_task_name(task):
+    """Raises `UsageError` unless `task` is one of `TASK_NAMES`."""
+    if task not in TASK_NAMES:
+        raise UsageError(
+            f"--task must be one of {', '.join(TASK_NAMES)}; got {task!r}"
+        )
+
+
+# ------------------------------------------------------------------ parsing
+def _parse_mode(text, name, modes):
+    """One of `modes` (any case) or a positive finite number."""
+    if isinstance(text, str) and text.lower() in modes:
+        return text.lower()
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"{flag(name)} must be {', '.join(modes)} or a positive number; "
+            f"got {text!r}"
+        ) from None
+    if not is_positive_real(value):
+        raise UsageError(
+            f"{flag(name)} must be a positive finite number; got {text!r}"
+        )
+    return value
+
+
+def parse_scale(text):
+    """`--scale` text: `sqrt`, `none`, `learned` or a positive float."""
+    return _parse_mode(text, "scale", SCALE_MODES)
+
+
+def parse_init_std(text):
+    """`--qk-init-std` text: `unit`, `glorot` or a positive float."""
+    return _parse_mode(text, "qk_init_std", QK_INIT_MODES)
+
+
+# ------------------------------------------------------------------- checks
+def check_int(config, name, minimum, allow_none=False):
+    """Raises `UsageError` unless the setting is an integer >= `minimum`."""
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if not is_int(value) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else (
+            f"an integer >= {minimum}"
+        )
+        raise UsageError(f"{flag(name)} must be {expected}; got {value!r}")
+
+
+def check_choice(config, name, choices):
+    """Raises `UsageError` unless the setting is one of `choices`."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise UsageError(
+            f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}"
+        )
+
+
+def check_real(config, name, low=None, high=None, low_open=False,
+               high_open=False):
+    """Raises `UsageError` unless the setting is a finite number in the
+    interval (`low_open`/`high_open` exclude the bound)."""
+    value = getattr(config, name)
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        interval = (
+            ("(" if low_open else "[")
+            + ("-inf" if low is None else f"{low:g}")
+            + ", "
+            + ("inf" if high is None else f"{high:g}")
+            + (")" if high_open else "]")
+        )
+        raise UsageError(
+            f"{flag(name)} must be a finite number in {interval}; got "
+            f"{value!r}"
+        )
+
+
+def _check_mode(config, name, modes):
+    value = getattr(config, name)
+    if not ((isinstance(value, str) and value in modes)
+            or is_positive_real(value)):
+        raise UsageError(
+            f"{flag(name)} must be {', '.join(modes)} or a positive number; "
+            f"got {value!r}"
+        )
+
+
+def build_task_or_usage_error(config, task_options):
+    """Builds the config's task, turning the task's `ValueError` into a
+    `UsageError` that names the flag.
+
+    Args:
+        config: a `TrainConfig`.
+        task_options: the names of every task option (`TASK_OPTIONS`), whose
+            names in the task's messages become flags.
+
+    Returns:
+        A `keras_attention.tasks.SequenceTask`.
+    """
+    check_task_name(config.task)
+    try:
+        return make_task(config.task, **config.task_options())
+    except ValueError as error:
+        message = str(error)
+        for name in tuple(task_options) + ("batch_size",):
+            message = message.replace(f"`{name}`", flag(name))
+        # "Unknown option(s) ['seq_len'] for task 'recall'" names options
+        # the task does not take.
+        for name in task_options:
+            message = message.replace(f"'{name}'", flag(name))
+        raise UsageError(f"--task {config.task}: {message}") from None
+
+
+def check_settings(config, choices, task_options):
+    """Checks every setting of `config`; raises `UsageError` naming the flag.
+
+    Touches nothing on disk: the log directory is only checked for
+    writability.
+
+    Args:
+        config: a resolved `TrainConfig`.
+        choices: `{setting: allowed values}` for the settings with a fixed
+            set of values.
+        task_options: the names of every task option.
+
+    Raises:
+        UsageError: on the first bad setting.
+    """
+    check_task_name(config.task)
+    for name in _POSITIVE_INTS:
+        check_int(config, name, minimum=1)
+    for name in _OPTIONAL_POSITIVE_INTS:
+        check_int(config, name, minimum=1, allow_none=True)
+    check_int(config, "ff_dim", minimum=0, allow_none=True)
+    for name in ("warmup_steps", "seed", "verbose"):
+        check_int(config, name, minimum=0)
+    for name, allowed in choices.items():
+        check_choice(config, name, allowed)
+    for name in _BOOLS:
+        if not isinstance(getattr(config, name), bool):
+            raise UsageError(
+                f"{flag(name)} must be true or false; got "
+                f"{getattr(config, name)!r}"
+            )
+    check_real(config, "learning_rate", low=0.0, low_open=True)
+    check_real(config, "momentum", low=0.0, high=1.0, high_open=True)
+    check_real(config, "weight_decay", low=0.0)
+    check_real(config, "dropout", low=0.0, high=1.0, high_open=True)
+    check_real(config, "qk_init_gain", low=0.0, low_open=True)
+    check_real(config, "target_accuracy", low=0.0, high=1.0)
+    if config.clip_norm is not None:
+        check_real(config, "clip_norm", low=0.0, low_open=True)
+    _check_mode(config, "scale", SCALE_MODES)
+    _check_mode(config, "qk_init_std", QK_INIT_MODES)
+    if config.warmup_steps > config.steps:
+        raise UsageError(
+            f"--warmup-steps ({config.warmup_steps}) must not exceed "
+            f"--steps ({config.steps})"
+        )
+    build_task_or_usage_error(config, task_options)
+    _check_sizes(config)
+    _check_outputs(config)
+
+
+def _check_sizes(config):
+    if config.heldout_size < config.probe_size:
+        raise UsageError(
+            f"--heldout-size ({config.heldout_size}) must be at least "
+            f"--probe-size ({config.probe_size})"
+        )
+    if config.train_size is not None and config.train_size < config.batch_size:
+        raise UsageError(
+            f"--train-size ({config.train_size}) must be at least "
+            f"--batch-size ({config.batch_size})"
+        )
+
+
+def _check_outputs(config):
+    if not isinstance(config.logdir, str) or not config.logdir:
+        raise UsageError(f"--logdir must be a directory; got {config.logdir!r}")
+    check_writable_directory(config.logdir, "--logdir")
+    if config.export is not None and (
+        not isinstance(config.export, str) or not config.export
+    ):
+        raise UsageError(f"--export must be a path; got {config.export!r}")
+    if config.arm is not None and not isinstance(config.arm, str):
+        raise UsageError(f"--arm must be a string; got {config.arm!r}")
+
+
+def check_setting_names(values, source, names):
+    """Raises `UsageError` unless `values` is a dict whose keys are among
+    `names` (the settings).
+
+    Args:
+        values: the settings one source gave.
+        source: the source, for the message (`"--config run.json"`).
+        names: every setting's name.
+    """
+    if not isinstance(values, dict):
+        raise UsageError(
+            f"{source} must hold a JSON object of settings; got "
+            f"{type(values).__name__}"
+        )
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise UsageError(f"{source}: unknown setting(s) {', '.join(unknown)}")

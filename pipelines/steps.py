@@ -1,0 +1,226 @@
+"""The compiled steps: one train step and one evaluation for every strategy.
+
+`make_train_step` returns a `tf.function` that calls `strategy.run` on a
+per-replica step whose loss is normalised by the global number of scored
+positions; the Keras optimizer all-reduces the gradients, or the step does
+when the optimizer must see the global gradient (clipping, loss scaling).
+`make_evaluate` returns the held-out loss and accuracy over a distributed
+dataset; `make_diagnose` the compiled attention-diagnostics probe.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_attention.diagnostics import diagnostics_probe
+from keras_attention.diagnostics import write_diagnostics
+from pipelines.common import to_jsonable
+
+# Largest held-out batch per evaluation call.
+MAX_EVAL_BATCH = 1024
+
+
+def eval_batch_size(num_examples, num_replicas):
+    """The largest divisor of `num_examples` that is a multiple of
+    `num_replicas` and at most `MAX_EVAL_BATCH` (or `num_replicas`)."""
+    best = num_replicas
+    for size in range(num_replicas, min(num_examples, MAX_EVAL_BATCH) + 1,
+                      num_replicas):
+        if num_examples % size == 0:
+            best = size
+    return best
+
+
+def weighted_sums(targets, logits, weights):
+    """The weighted sums of the cross-entropy and of the correct
+    predictions over the positions of a batch."""
+    per_position = keras.ops.sparse_categorical_crossentropy(
+        targets, logits, from_logits=True
+    )
+    correct = tf.cast(
+        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), targets),
+        tf.float32,
+    )
+    return (
+        tf.reduce_sum(per_position * weights),
+        tf.reduce_sum(correct * weights),
+    )
+
+
+def make_train_step(model, optimizer, strategy, config):
+    """The compiled train step of `model` under `strategy`.
+
+    Args:
+        model: the model, built in `strategy.scope()`.
+        optimizer: its optimizer, built for its trainable variables.
+        strategy: the `tf.distribute.Strategy`.
+        config: the resolved `TrainConfig` (`clip_norm`, `precision`,
+            `jit_compile` resolved to `"on"`/`"off"`).
+
+    Returns:
+        `train_step(iterator)`: takes the next global batch from a
+        distributed iterator, updates the weights once and returns the
+        global-batch mean loss and accuracy.
+    """
+    num_replicas = strategy.num_replicas_in_sync
+    jit_compile = config.jit_compile == "on"
+    # The gradients are all-reduced in the step (rather than only inside the
+    # optimizer) when the optimizer must see the global gradient: to clip
+    # its norm, or to skip a loss-scaled step on every replica alike.
+    aggregate_in_step = num_replicas > 1 and (
+        config.clip_norm is not None or config.precision == "mixed_float16"
+    )
+    # The norm of an embedding's sparse gradient is taken over its unsummed
+    # slices, wrong when a token repeats in the batch, so clipping takes
+    # dense gradients; so does the in-step all-reduce, which then packs the
+    # same tensors on every replica.
+    densify_gradients = config.clip_norm is not None or aggregate_in_step
+
+    def forward_backward(tokens, targets, weights, global_weight):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(tokens, training=True), tf.float32)
+            loss_sum, correct = weighted_sums(targets, logits, weights)
+            # Dividing by the global weight makes the replicas' summed
+            # gradients the gradient of the global-batch mean loss.
+            loss = loss_sum / global_weight
+            scaled_loss = (
+                optimizer.scale_loss(loss)
+                if isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+                else loss
+            )
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        return loss, correct / global_weight, gradients
+
+    def densify(gradients):
+        if not densify_gradients:
+            return gradients
+        return [
+            tf.reshape(tf.convert_to_tensor(g), v.shape)
+            for g, v in zip(gradients, model.trainable_variables)
+        ]
+
+    def forward_backward_update(tokens, targets, weights, global_weight):
+        loss, accuracy, gradients = forward_backward(
+            tokens, targets, weights, global_weight
+        )
+        optimizer.apply(densify(gradients), model.trainable_variables)
+        return loss, accuracy
+
+    # With one replica XLA compiles the whole step, update included, rather
+    # than running the optimizer's many small ops one by one outside it.
+    # With several, the optimizer's cross-replica update must stay outside
+    # the compiled cluster.
+    update_in_xla = jit_compile and num_replicas == 1
+    if update_in_xla:
+        forward_backward_update = tf.function(
+            forward_backward_update, jit_compile=True, autograph=False
+        )
+    elif jit_compile:
+        forward_backward = tf.function(
+            forward_backward, jit_compile=True, autograph=False
+        )
+
+    def replica_step(tokens, targets, weights):
+        context = tf.distribute.get_replica_context()
+        global_weight = tf.maximum(
+            context.all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.reduce_sum(weights)
+            ),
+            1e-12,
+        )
+        # With one replica (so always under update_in_xla) nothing is
+        # aggregated here.
+        if not aggregate_in_step:
+            return forward_backward_update(
+                tokens, targets, weights, global_weight
+            )
+        loss, accuracy, gradients = forward_backward(
+            tokens, targets, weights, global_weight
+        )
+        gradients = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, densify(gradients)
+        )
+        gradients = [g / num_replicas for g in gradients]
+        optimizer.apply(gradients, model.trainable_variables)
+        return loss, accuracy
+
+    @tf.function(autograph=False)
+    def train_step(iterator):
+        tokens, targets, weights = next(iterator)
+        loss, accuracy = strategy.run(
+            replica_step, args=(tokens, targets, weights)
+        )
+        return (
+            strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),
+            strategy.reduce(tf.distribute.ReduceOp.SUM, accuracy, axis=None),
+        )
+
+    return train_step
+
+
+def make_evaluate(model, strategy, eval_data):
+    """The held-out evaluation of `model` over a distributed dataset.
+
+    Returns:
+        `evaluate()`: the weighted mean loss and accuracy over every batch
+        of `eval_data`, as floats.
+    """
+    def replica_eval(tokens, targets, weights):
+        logits = tf.cast(model(tokens, training=False), tf.float32)
+        loss_sum, correct = weighted_sums(targets, logits, weights)
+        return loss_sum, correct, tf.reduce_sum(weights)
+
+    @tf.function(autograph=False)
+    def eval_step(batch):
+        sums = strategy.run(replica_eval, args=batch)
+        return [
+            strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+            for value in sums
+        ]
+
+    def evaluate():
+        totals = np.zeros(3)
+        for batch in eval_data:
+            totals += np.array([float(value) for value in eval_step(batch)])
+        weight = max(totals[2], 1e-12)
+        return totals[0] / weight, totals[1] / weight
+
+    return evaluate
+
+
+def make_diagnose(host_model, model, probe, writer):
+    """`diagnose(step)`: the diagnostics of the current weights on the probe
+    batch, logged to `writer` and returned as their JSON record."""
+    # Compiled once per run: eager probing cost about 3x more per call.
+    probe_host_model = diagnostics_probe(host_model)
+
+    def diagnose(step):
+        host_model.set_weights(model.get_weights())
+        diagnostics = probe_host_model(*probe)
+        if writer.wants(step):
+            write_diagnostics(diagnostics, step, writer.writer)
+        return diagnostics_record(diagnostics)
+
+    return diagnose
+
+
+def diagnostics_record(diagnostics):
+    """The JSON part of `probe_diagnostics` output: loss, accuracy, summary
+    and per-layer statistics, without the weights and per-row arrays."""
+
+    def floats(values):
+        return {
+            key: to_jsonable(np.asarray(value, np.float64))
+            for key, value in values.items()
+            if key not in ("weights", "entropy_rows")
+        }
+
+    return {
+        "loss": float(diagnostics["loss"]),
+        "accuracy": float(diagnostics["accuracy"]),
+        "summary": floats(diagnostics["summary"]),
+        "layers": {
+            name: floats(stats)
+            for name, stats in diagnostics["layers"].items()
+        },
+    }

@@ -1,0 +1,206 @@
+"""TensorBoard: reading a run's events back, writing them once, HParams.
+
+Events are read through TensorBoard's own `EventFileLoader` (the reader the
+TensorBoard server uses; it swallows a record cut short by a crash), not
+TensorFlow's deprecated `summary_iterator`, which prints a deprecation
+warning on stderr whenever a run resumes. `LogWriter` skips the steps an
+earlier, killed run already logged. The HParams helpers (`hparams_of`,
+`write_experiment`) serve both `train` and `compare`.
+"""
+
+import json
+import os
+from typing import NamedTuple
+
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_file_loader import (
+    EventFileLoader,
+)
+from tensorboard.plugins.hparams import api as hp
+from tensorboard.util.tensor_util import make_ndarray
+
+from pipelines.run_dir import EVAL_LOGS
+from pipelines.run_dir import TRAIN_LOGS
+
+# The HParams metrics of one training run: held-out numbers in `eval/`,
+# steps_to_target in the run's root.
+RUN_METRICS = (
+    ("accuracy", EVAL_LOGS, "heldout_accuracy"),
+    ("loss", EVAL_LOGS, "heldout_loss"),
+    ("steps_to_target", None, "steps_to_target"),
+)
+
+
+def read_event_scalars(directory):
+    """Reads the summaries under `directory` (not recursive).
+
+    Returns:
+        `{tag: {step: value}}`, `value` a float for scalar summaries and
+        `None` for the others. A record cut short by a crash ends the read of
+        its file.
+    """
+    values = {}
+    if not tf.io.gfile.isdir(directory):
+        return values
+    pattern = os.path.join(directory, "events.out.tfevents.*")
+    for path in sorted(tf.io.gfile.glob(pattern)):
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                values.setdefault(value.tag, {})[int(event.step)] = (
+                    _scalar(value)
+                )
+    return values
+
+
+def _scalar(value):
+    """A summary value as a float when it is a float scalar, else `None`."""
+    if value.HasField("tensor"):
+        array = make_ndarray(value.tensor)
+        if array.shape == () and array.dtype.kind == "f":
+            return float(array)
+        return None
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    return None
+
+
+def last_logged_step(tags):
+    """The last step of any tag in `{tag: {step: value}}`, or -1."""
+    steps = [step for by_step in tags.values() for step in by_step]
+    return max(steps) if steps else -1
+
+
+class LogWriter:
+    """A summary writer that skips steps an earlier, killed run of the same
+    command already logged, so a resumed run logs each step once.
+
+    Args:
+        directory: the event directory.
+        is_chief: whether this process writes; other workers get a writer
+            that writes nothing.
+
+    Attributes:
+        previous: `{tag: {step: value}}` logged here before.
+        writer: the `tf.summary` writer.
+    """
+
+    def __init__(self, directory, is_chief):
+        self.previous = read_event_scalars(directory) if is_chief else {}
+        self.last_logged = last_logged_step(self.previous)
+        self.writer = (
+            tf.summary.create_file_writer(directory)
+            if is_chief
+            else tf.summary.create_noop_writer()
+        )
+
+    def wants(self, step):
+        """Whether `step` is past everything logged here before."""
+        return step > self.last_logged
+
+    def scalars(self, values, step):
+        """Logs `{tag: value}` at `step`, each tag only past its last step
+        logged before (a kill can land between two tags of one step)."""
+        with self.writer.as_default():
+            for tag, value in values.items():
+                if step > max(self.previous.get(tag, {-1: None})):
+                    tf.summary.scalar(tag, value, step=step)
+
+    def flush(self):
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
+
+
+class RunLogs(NamedTuple):
+    """A run's three event directories: its root, `train/` and `eval/`."""
+
+    root: LogWriter
+    train: LogWriter
+    eval: LogWriter
+
+
+def open_run_logs(logdir, is_chief):
+    """The `RunLogs` of the run directory `logdir`."""
+    return RunLogs(
+        LogWriter(logdir, is_chief),
+        LogWriter(os.path.join(logdir, TRAIN_LOGS), is_chief),
+        LogWriter(os.path.join(logdir, EVAL_LOGS), is_chief),
+    )
+
+
+# ------------------------------------------------------------------ HParams
+def hparams_of(config):
+    """The config's HParams: plain values, one type per name."""
+    values = {
+        "task": config.task,
+        "scale": str(config.scale),
+        "key_dim": config.key_dim,
+        "num_heads": config.num_heads,
+        "d_model": config.d_model,
+        "num_layers": config.num_layers,
+        "qk_norm": config.qk_norm,
+        "optimizer": config.optimizer,
+        "learning_rate": float(config.learning_rate),
+        "seed": config.seed,
+    }
+    if config.arm is not None:
+        values["arm"] = config.arm
+    return values
+
+
+def write_experiment(writer, hparams, metrics):
+    """Declares an HParams experiment with a summary writer.
+
+    TensorBoard reads one experiment per logdir: a pipeline that trains many
+    runs under one logdir declares it once, at the root.
+
+    Args:
+        writer: a `tf.summary` writer at the experiment's root.
+        hparams: `{name: values}`; `values` lists a discrete domain, or is
+            `None` for any value.
+        metrics: `(tag, group, display_name)` tuples; `group` is the
+            subdirectory the tag is logged in, `None` for the root.
+    """
+    with writer.as_default():
+        hp.hparams_config(
+            hparams=[
+                hp.HParam(name, None if values is None
+                          else hp.Discrete(list(values)))
+                for name, values in hparams.items()
+            ],
+            metrics=[
+                hp.Metric(tag, group=group, display_name=display_name)
+                for tag, group, display_name in metrics
+            ],
+        )
+
+
+def write_run_header(writer, config, hparams_experiment=True):
+    """The config as text and as HParams, at step 0 of a run's root
+    `LogWriter` (once: a resumed run does not write it again)."""
+    if not writer.wants(0):
+        return
+    hparams = hparams_of(config)
+    if hparams_experiment:
+        write_experiment(writer.writer, dict.fromkeys(hparams), RUN_METRICS)
+    with writer.writer.as_default():
+        # One session per run directory: runs that share a trial id are
+        # merged into one row of the HParams dashboard.
+        hp.hparams(hparams, trial_id=os.path.basename(
+            os.path.abspath(config.logdir)))
+        text = json.dumps(config.to_dict(), indent=2, sort_keys=True)
+        tf.summary.text("config", "```\n" + text + "\n```", step=0)
+    writer.flush()
+
+
+def summary_from_events(tags, step):
+    """The `attention/mean/*` diagnostics summary logged at `step`, as
+    `{"summary": {...}}`, or `None` when none was logged."""
+    prefix = "attention/mean/"
+    summary = {
+        tag[len(prefix):]: by_step[step]
+        for tag, by_step in tags.items()
+        if tag.startswith(prefix) and by_step.get(step) is not None
+    }
+    return {"summary": summary} if summary else None
