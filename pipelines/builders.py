@@ -17,6 +17,13 @@ def build_task(config):
     return make_task(config.task, **config.task_options())
 
 
+def build_probe_batch(config, task):
+    """The diagnostics probe batch `(tokens, targets, sample_weight)`: the
+    first `probe_size` held-out examples, the same in every run of a seed."""
+    heldout = task.heldout(config.heldout_size, config.seed)
+    return tuple(array[: config.probe_size] for array in heldout)
+
+
 def build_model(config, task=None):
     """Builds the config's model (uninitialised weights come from the
     current global random state; call `keras.utils.set_random_seed` first

@@ -261,18 +261,6 @@ class TrainConfig:
         sources = {**self.sources, **dict.fromkeys(changes, "replace()")}
         return dataclasses.replace(self, **changes, sources=sources)
 
-    def resolve(self):
-        """Compatibility for main's `compare.py`, which lays its preset over
-        a resolved config with `replace()` and then calls this: derives an
-        unset `logdir`, parses scale text. Prefer `resolve_config`."""
-        changes = {}
-        if self.logdir is None:
-            changes["logdir"] = default_logdir(self.task)
-        for name, parse in _PARSED.items():
-            if isinstance(getattr(self, name), str):
-                changes[name] = parse(getattr(self, name))
-        return self.replace(**changes)
-
     def validate(self):
         """Checks every setting; raises `UsageError` naming the bad flag.
 

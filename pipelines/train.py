@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from pipelines.builders import build_model
 from pipelines.builders import build_optimizer
+from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.common import write_json_atomic
 from pipelines.devices import accelerator
@@ -199,8 +200,7 @@ def _train(config, strategy, chief, start_time, hparams_experiment):
             input_context=context,
         )
     )
-    heldout = task.heldout(config.heldout_size, config.seed)
-    probe = tuple(array[: config.probe_size] for array in heldout)
+    probe = build_probe_batch(config, task)
 
     # -------- the compiled steps and the diagnostics probe.
     train_step = make_train_step(model, optimizer, strategy, config)

@@ -17,7 +17,7 @@ import time
 import _bench  # noqa: F401  (first: backend, log level, sys.path)
 
 from keras_attention.tasks import SequenceTask
-from pipelines import train as train_module
+from pipelines import steps as steps_module
 from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.config import Layer
@@ -100,8 +100,8 @@ def in_memory_data():
 def timed_diagnostics(durations):
     """Appends the seconds of each diagnostics call of the trainer (probe and
     summary writing) to `durations`."""
-    make_probe = train_module.diagnostics_probe
-    write = train_module.write_diagnostics
+    make_probe = steps_module.diagnostics_probe
+    write = steps_module.write_diagnostics
     pending = {}
 
     def timed_make_probe(model, *args, **kwargs):
@@ -122,10 +122,10 @@ def timed_diagnostics(durations):
         durations.append(time.perf_counter() - pending.pop("start"))
         return result
 
-    train_module.diagnostics_probe = timed_make_probe
-    train_module.write_diagnostics = timed_write
+    steps_module.diagnostics_probe = timed_make_probe
+    steps_module.write_diagnostics = timed_write
     try:
         yield
     finally:
-        train_module.diagnostics_probe = make_probe
-        train_module.write_diagnostics = write
+        steps_module.diagnostics_probe = make_probe
+        steps_module.write_diagnostics = write

@@ -23,7 +23,8 @@ from pipelines.compare.verdicts import learning_verdict
 from pipelines.compare.verdicts import saturation_verdict
 from pipelines.compare.verdicts import status_word
 from pipelines.compare.verdicts import variance_verdict
-from pipelines.config import TrainConfig
+from pipelines.config import Layer
+from pipelines.config import resolve_config
 
 KEY_DIMS = [16, 64]
 TRAINED = 64
@@ -32,7 +33,9 @@ TARGET = 0.9
 
 
 def _plan(arms=("scaled", "unscaled"), train_key_dims=(TRAINED,)):
-    base = TrainConfig(target_accuracy=TARGET, logdir="unused").resolve()
+    base = resolve_config(
+        [Layer("test", {"target_accuracy": TARGET, "logdir": "unused"})]
+    )
     return ComparisonPlan(logdir="unused", base=base, arms=list(arms),
                           key_dims=list(KEY_DIMS),
                           train_key_dims=list(train_key_dims),

@@ -27,7 +27,7 @@ from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
 from pipelines import compare
 from pipelines.config import TrainConfig
-from pipelines.train import read_event_scalars  # integrator: pipelines.tensorboard
+from pipelines.tensorboard import read_event_scalars
 
 ARMS = ("scaled", "unscaled")
 TRAINED_KEY_DIM = 16
@@ -321,6 +321,29 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
     plan = compare.plan_from_args(args)
     assert all(spec.trained for spec in plan.runs())
     assert set(plan.arms) == set(compare.ARMS)
+
+
+def test_a_config_file_value_equal_to_the_default_beats_the_preset(tmp_path):
+    # Issue 10, bug 2: 250 is the dataclass default of diagnostics_every and
+    # the default preset asks for 500; a file that says 250 was given.
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"diagnostics_every": 250, "steps": 1000}))
+    parser = cli.build_parser()
+    args = parser.parse_args(["compare", "--config", str(path),
+                              "--logdir", str(tmp_path / "d")])
+    plan = compare.plan_from_args(args)
+    preset = compare.PRESETS["default"].train
+    assert preset["diagnostics_every"] != 250
+    for spec in plan.runs():
+        assert spec.config.diagnostics_every == 250
+        assert spec.config.checkpoint_every == preset["checkpoint_every"]
+    assert plan.base.sources["diagnostics_every"] == f"--config {path}"
+    assert plan.base.sources["checkpoint_every"] == "preset default"
+    # Flags beat the file.
+    args = parser.parse_args(["compare", "--config", str(path),
+                              "--diagnostics-every", "100",
+                              "--logdir", str(tmp_path / "d")])
+    assert compare.plan_from_args(args).base.diagnostics_every == 100
 
 
 # ---------------------------------------------------------- TensorBoard

@@ -72,7 +72,7 @@ from pipelines.compare.runner import train_runs
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_experiment
 from pipelines.compare.verdicts import status_word
-from pipelines.config import add_train_arguments
+from pipelines.flags import add_train_arguments
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"

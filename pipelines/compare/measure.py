@@ -13,20 +13,18 @@ from keras_attention.diagnostics import attention_heatmaps
 from keras_attention.diagnostics import encode_png
 from keras_attention.diagnostics import probe_diagnostics
 from pipelines.common import write_bytes_atomic
-from pipelines.compare.runner import read_metrics
+from pipelines.builders import build_model
+from pipelines.builders import build_probe_batch
+from pipelines.builders import build_task
 from pipelines.compare.tensorboard import write_run_hparams_metrics
-from pipelines.train import (build_model, build_task, resolve_precision,
-                             restore_model)
+from pipelines.devices import resolve_precision
+from pipelines.run_dir import read_metrics
+from pipelines.run_dir import restore_model
 
 HEATMAP_DIR = "heatmaps"
 
 
 # ---------------------------------------------------------------- probes
-def _probe_batch(config, task):
-    heldout = task.heldout(config.heldout_size, config.seed)
-    return tuple(array[: config.probe_size] for array in heldout)
-
-
 def probe_at_init(config):
     """The probe diagnostics of a run's initial weights, without training.
 
@@ -36,14 +34,13 @@ def probe_at_init(config):
     Returns:
         The dict of `keras_attention.diagnostics.probe_diagnostics`.
     """
-    config = config.resolve()
     task = build_task(config)
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(_run_precision(config))
     try:
         keras.utils.set_random_seed(config.seed)
         model = build_model(config, task)
-        return probe_diagnostics(model, *_probe_batch(config, task))
+        return probe_diagnostics(model, *build_probe_batch(config, task))
     finally:
         keras.config.set_dtype_policy(previous_policy)
         keras.backend.clear_session()
@@ -57,11 +54,10 @@ def _run_precision(config):
 
 def probe_trained(config):
     """The probe diagnostics of a finished run's trained model."""
-    config = config.resolve()
     model = restore_model(config.logdir)
     try:
         return probe_diagnostics(
-            model, *_probe_batch(config, build_task(config))
+            model, *build_probe_batch(config, build_task(config))
         )
     finally:
         del model

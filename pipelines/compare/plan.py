@@ -17,7 +17,10 @@ from pipelines.common import parse_int_list
 from pipelines.compare.arms import ARMS
 from pipelines.compare.arms import PRESETS
 from pipelines.compare.arms import SCHEDULE_FIELDS
-from pipelines.config import TrainConfig, config_from_args, load_config_file
+from pipelines.config import Layer
+from pipelines.config import TrainConfig
+from pipelines.config import resolve_config
+from pipelines.flags import settings_from_args
 
 DEFAULT_LOGDIR = os.path.join("runs", "compare")
 
@@ -141,30 +144,6 @@ def parse_seeds(text):
     return list(range(count))
 
 
-# integrator: provenance (replace with the resolved config's sources; this
-# guesses "given" by equality with the default, issue 10 bug 2)
-def _given_fields(args):
-    """`TrainConfig` fields set on the command line or in `--config`."""
-    given = {
-        field.name
-        for field in dataclasses.fields(TrainConfig)
-        if getattr(args, field.name, None) is not None
-    }
-    if getattr(args, "quiet", None):
-        given.add("verbose")
-    config_path = getattr(args, "config", None)
-    if config_path:
-        file_config = load_config_file(config_path)
-        defaults = TrainConfig()
-        given |= {
-            field.name
-            for field in dataclasses.fields(TrainConfig)
-            if getattr(file_config, field.name)
-            != getattr(defaults, field.name)
-        }
-    return given
-
-
 def _check_per_run_flags(args):
     """`UsageError` for a `train` flag that the comparison sets per run."""
     for field, flag in _PER_RUN_FLAGS.items():
@@ -181,26 +160,26 @@ def _check_per_run_flags(args):
         )
 
 
-def _base_config(args, preset):
-    """The flags' and config file's `TrainConfig` over the preset's
-    settings (not resolved yet)."""
-    config = config_from_args(args)
-    given = _given_fields(args)
-    task = config.task if "task" in given else preset.train["task"]
+def _settings(args, preset_name, preset):
+    """The layers of settings of every run, in increasing priority: the
+    preset (with the comparison's own default of a quiet run), then the
+    config file and the flags (`pipelines.flags.settings_from_args`).
+
+    What the user gave is what their layers hold, whatever it equals; the
+    preset fills the rest.
+    """
+    user = settings_from_args(args)
+    task = preset.train["task"]
+    for layer in user:
+        task = layer.values.get("task", task)
     if task == preset.train["task"]:
         # The preset's model and optimizer suit its task; other tasks keep
         # their own defaults (see pipelines.config.TASK_DEFAULTS).
-        preset_fields = dict(preset.train)
+        preset_values = dict(preset.train)
     else:
-        preset_fields = {name: preset.train[name] for name in SCHEDULE_FIELDS}
-    preset_fields["task"] = task
-    config = config.replace(
-        **{name: value for name, value in preset_fields.items()
-           if name not in given}
-    )
-    if "verbose" not in given:
-        config = config.replace(verbose=0)
-    return config
+        preset_values = {name: preset.train[name] for name in SCHEDULE_FIELDS}
+    preset_values["verbose"] = 0
+    return [Layer(f"preset {preset_name}", preset_values), *user]
 
 
 def _key_dims(args, preset):
@@ -237,7 +216,7 @@ def plan_from_args(args):
         )
     preset = PRESETS[args.preset]
     _check_per_run_flags(args)
-    config = _base_config(args, preset)
+    layers = _settings(args, args.preset, preset)
     key_dims, train_key_dims = _key_dims(args, preset)
     arms = parse_arms(args.arms) if args.arms else list(preset.arms)
     seeds = parse_seeds(args.seeds) if args.seeds else list(
@@ -251,7 +230,9 @@ def plan_from_args(args):
 
     logdir = args.logdir or DEFAULT_LOGDIR
     check_writable_directory(logdir, "--logdir")
-    base = config.replace(logdir=logdir, key_dim=key_dims[-1]).resolve()
+    base = resolve_config(
+        [*layers, Layer("compare", {"logdir": logdir, "key_dim": key_dims[-1]})]
+    )
     # Every per-run value is checked through the run's own config.
     plan = ComparisonPlan(
         logdir=logdir,

@@ -4,7 +4,6 @@ another in this process, or `--jobs N` at once, each in its own process
 """
 
 import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +14,8 @@ import keras
 
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
-from pipelines.config import RUNTIME_FIELDS
+from pipelines.run_dir import config_mismatch
+from pipelines.run_dir import read_metrics
 from pipelines.train import train
 
 # How much of a failed run's log the error quotes.
@@ -23,47 +23,13 @@ _LOG_TAIL_CHARS = 2000
 
 
 # ---------------------------------------------------------- run status
-# integrator: use pipelines.run_dir (config_mismatch, read_metrics)
-def _stored_config_mismatch(spec):
-    """The first setting in which the run directory's `config.json` differs
-    from the spec's config, as `(name, stored, wanted)`, or `None`."""
-    path = os.path.join(spec.config.logdir, "config.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as handle:
-        stored = json.load(handle)
-    wanted = spec.config.to_dict()
-    for name in sorted(set(stored) | set(wanted)):
-        if name in RUNTIME_FIELDS:
-            continue
-        if name == "precision" and wanted.get(name) == "auto":
-            continue  # The run stored what "auto" resolved to.
-        if stored.get(name) != wanted.get(name):
-            return name, stored.get(name), wanted.get(name)
-    return None
-
-
-# integrator: use pipelines.run_dir
-def read_metrics(run_dir):
-    """The run's `metrics.json`, or `None` when it has none."""
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def check_run_directory(spec):
     """Raises `UsageError` when the spec's directory holds another run."""
-    mismatch = _stored_config_mismatch(spec)
+    mismatch = config_mismatch(spec.config.logdir, spec.config)
     if mismatch is not None:
-        name, stored, wanted = mismatch
         raise UsageError(
             f"{spec.config.logdir} holds a run with a different config "
-            f"({name}: {stored!r} there, {wanted!r} now); use a new --logdir"
+            f"({mismatch}); use a new --logdir"
         )
 
 
@@ -71,7 +37,8 @@ def is_complete(spec):
     """Whether the run has finished all its steps (or stopped on a
     non-finite loss, which training again would only repeat)."""
     metrics = read_metrics(spec.config.logdir)
-    if metrics is None or _stored_config_mismatch(spec) is not None:
+    if metrics is None or config_mismatch(spec.config.logdir,
+                                          spec.config) is not None:
         return False
     return (
         metrics.get("steps", 0) >= spec.config.steps

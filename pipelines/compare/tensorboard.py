@@ -8,10 +8,10 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
-from tensorboard.plugins.hparams import api as hp
 
 from pipelines.compare.claims import group_final_accuracy
 from pipelines.compare.claims import group_init
+from pipelines import tensorboard as pipeline_tensorboard
 
 CLAIMS_DIR = "claims"
 HPARAMS_GROUP = "compare"
@@ -50,40 +50,30 @@ def write_run_hparams_metrics(run_dir, record, steps):
     _write_scalars(directory, values, steps)
 
 
-# integrator: pipelines.tensorboard.write_experiment (one HParams experiment
-# writer for train and compare)
 def write_experiment(logdir, plan):
-    """Writes the HParams experiment (hparams and metrics) at `logdir`."""
+    """Writes the comparison's HParams experiment (hparams and metrics) at
+    `logdir`, replacing the one an earlier invocation wrote."""
     for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
         os.remove(path)
-    hparams = [
-        hp.HParam("arm", hp.Discrete(list(plan.arms))),
-        hp.HParam("key_dim", hp.Discrete(list(plan.train_key_dims))),
-        hp.HParam("seed", hp.Discrete(list(plan.seeds))),
-        hp.HParam("scale"),
-        hp.HParam("qk_norm"),
-        hp.HParam("task"),
-        hp.HParam("optimizer"),
-        hp.HParam("learning_rate"),
-        hp.HParam("d_model"),
-    ]
-    metrics = [
-        hp.Metric(tag, group=group, display_name=name)
-        for tag, group, name in (
-            ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
-            ("steps_to_target", HPARAMS_GROUP, "steps to target"),
-            ("init_entropy_normalized", HPARAMS_GROUP,
-             "initial entropy (normalized)"),
-            ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
-            ("init_score_std", HPARAMS_GROUP, "initial score std"),
-            ("init_grad_norm_scores", HPARAMS_GROUP,
-             "initial |dL/dscores|"),
-            ("accuracy", "eval", "held-out accuracy"),
-        )
-    ]
+    hparams = {
+        "arm": plan.arms,
+        "key_dim": plan.train_key_dims,
+        "seed": plan.seeds,
+        **dict.fromkeys(("scale", "qk_norm", "task", "optimizer",
+                         "learning_rate", "d_model")),
+    }
+    metrics = (
+        ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
+        ("steps_to_target", HPARAMS_GROUP, "steps to target"),
+        ("init_entropy_normalized", HPARAMS_GROUP,
+         "initial entropy (normalized)"),
+        ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
+        ("init_score_std", HPARAMS_GROUP, "initial score std"),
+        ("init_grad_norm_scores", HPARAMS_GROUP, "initial |dL/dscores|"),
+        ("accuracy", "eval", "held-out accuracy"),
+    )
     writer = tf.summary.create_file_writer(logdir)
-    with writer.as_default():
-        hp.hparams_config(hparams=hparams, metrics=metrics)
+    pipeline_tensorboard.write_experiment(writer, hparams, metrics)
     writer.close()
 
 
