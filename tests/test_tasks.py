@@ -458,3 +458,46 @@ def test_bad_call_arguments_raise_value_error(call, argument):
     task = make_task("recall", **SMALL_OPTIONS["recall"])
     with pytest.raises(ValueError, match=argument):
         call(task)
+
+
+# ------------------------------------------------------------ token labels
+def test_recall_token_labels_decode_the_id_layout():
+    task = make_task("recall", num_pairs=4, num_keys=8, num_values=4)
+    radix = task.num_values + 1
+    # Hand-built ids: pairs (k2, v3), (k7, v0), then a query for key 2.
+    ids = np.array([1 + 2 * radix + 3, 1 + 7 * radix + 0, 0,
+                    1 + 5 * radix + 1, 1 + 2 * radix + task.num_values])
+    assert task.token_labels(ids) == ["k2:v3", "k7:v0", "<pad>", "k5:v1",
+                                      "k2:?"]
+    tokens, targets, weights = task.heldout(8, seed=0)
+    labels = task.token_labels(tokens)
+    assert np.shape(labels) == tokens.shape
+    for row, label_row, target_row in zip(tokens, labels, targets):
+        query = label_row[-1]
+        assert query.endswith(":?")
+        # The pair the query must find carries the target value.
+        matches = [label for label in label_row[:-1]
+                   if label.split(":")[0] == query.split(":")[0]]
+        assert matches == [f"{query.split(':')[0]}:v{target_row[-1]}"]
+
+
+def test_symbol_tasks_name_padding_and_separators():
+    copy = make_task("copy", seq_len=7, vocab_size=8)
+    assert copy.token_labels([[3, 7, 1, 2, 2, 0, 0]]) == [
+        ["3", "7", "<sep>", "<blank>", "<blank>", "<pad>", "<pad>"]
+    ]
+    for name in ("reverse", "sort"):
+        task = make_task(name, seq_len=6, vocab_size=8, min_len=2)
+        tokens, _, _ = task.heldout(16, seed=1)
+        labels = task.token_labels(tokens)
+        for row, label_row in zip(tokens, labels):
+            for token, label in zip(row, label_row):
+                assert label == ("<pad>" if token == 0 else str(token))
+
+
+def test_token_labels_refuse_ids_outside_the_vocabulary():
+    task = make_task("reverse", seq_len=4, vocab_size=8)
+    with pytest.raises(ValueError, match="token_id"):
+        task.token_labels([1, 8])
+    with pytest.raises(ValueError, match="ids"):
+        task.token_labels([1.5])

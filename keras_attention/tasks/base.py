@@ -42,6 +42,42 @@ class SequenceTask:
         options = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
         return f"{type(self).__name__}({options})"
 
+    def token_label(self, token_id):
+        """A short readable label of one input id: `<pad>` for padding, the
+        id itself for a plain symbol. Tasks with named ids override it."""
+        token_id = int(token_id)
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(
+                f"`token_id` must be in [0, {self.vocab_size}); received "
+                f"{token_id}."
+            )
+        return "<pad>" if token_id == self.pad_id else str(token_id)
+
+    def token_labels(self, ids):
+        """Readable labels of token ids, for the axes of attention maps.
+
+        Args:
+            ids: an integer array (or nested list) of any shape, e.g. one
+                example `(T,)` or a batch `(B, T)`.
+
+        Returns:
+            Nested lists of strings of the same shape (`token_label` of each
+            id; a padded position is `<pad>`).
+
+        Example:
+
+        >>> make_task("copy", seq_len=5, vocab_size=8).token_labels([3, 4, 1, 2, 0])
+        ['3', '4', '<sep>', '<blank>', '<pad>']
+        """
+        array = np.asarray(ids)
+        if array.dtype.kind not in "iu":
+            raise ValueError(
+                f"`ids` must hold integer token ids; received dtype "
+                f"{array.dtype}."
+            )
+        labels = np.vectorize(self.token_label, otypes=[object])(array)
+        return labels.tolist() if array.ndim else str(labels)
+
     def _generate(self, key, batch_size):
         """Draws `(tokens, targets, weights)` for `batch_size` examples from
         the stateless RNG key `key` (int64 shape `(2,)`)."""

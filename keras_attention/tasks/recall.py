@@ -68,6 +68,16 @@ class RecallTask(SequenceTask):
         self.token_factors = (self.num_keys, self.num_values + 1)
         self.min_len = None
 
+    def token_label(self, token_id):
+        """`k12:v3` for the pair (key 12, value 3), `k12:?` for a query of
+        key 12, `<pad>` for padding."""
+        label = super().token_label(token_id)
+        if label == "<pad>":
+            return label
+        key, value_slot = divmod(int(token_id) - 1, self.num_values + 1)
+        value = "?" if value_slot == self.num_values else f"v{value_slot}"
+        return f"k{key}:{value}"
+
     def _generate(self, key, batch_size):
         key_key, value_key, query_key = _streams.split_key(key, 3)
         # The indices of the top `num_pairs` of i.i.d. noise are a uniformly

@@ -150,6 +150,11 @@ class CopyTask(SequenceTask):
     blank_id = 2
     first_symbol_id = 3
 
+    def token_label(self, token_id):
+        """`<pad>`, `<sep>` (the delimiter), `<blank>`, or the symbol id."""
+        names = {self.delimiter_id: "<sep>", self.blank_id: "<blank>"}
+        return names.get(int(token_id)) or super().token_label(token_id)
+
     def __init__(self, seq_len=21, vocab_size=16, min_len=None):
         super().__init__(
             seq_len=seq_len, vocab_size=vocab_size, min_len=min_len
