@@ -198,9 +198,10 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs):
         length = ops.shape(inputs)[1]
-        positions = ops.slice(
-            self.embeddings, (0, 0), (length, ops.shape(self.embeddings)[1])
-        )
+        # The variable's tensor, not the variable: JAX 0.10 refuses to trace
+        # through a Keras variable handed to lax.dynamic_slice.
+        table = ops.convert_to_tensor(self.embeddings)
+        positions = ops.slice(table, (0, 0), (length, ops.shape(table)[1]))
         return inputs + ops.cast(positions, inputs.dtype)[None, :, :]
 
     def compute_output_shape(self, input_shape):
