@@ -7,6 +7,7 @@ TensorFlow's C++ start-up lines on stderr are not the script's; the tests
 count only the lines the script writes (those starting with its name).
 """
 
+import json
 import os
 import pathlib
 import subprocess
@@ -41,6 +42,7 @@ BAD_FLAGS = [
     ("bench_train.py", ["--steps", "40", "--warmup", "40"], "--warmup"),
     ("gpu_check.py", ["--peak-tflops", "-1"], "--peak-tflops"),
     ("gpu_check.py", ["--smoke", "--layers", "0"], "--layers"),
+    ("gpu_layer_check.py", ["--backends", "jax,tpu"], "--backends"),
 ]
 
 
@@ -83,3 +85,28 @@ def test_gpu_check_smoke_trains_and_reports():
     assert "config: task reverse, seq_len 16, batch 16" in out
     assert "steady: " in out and "tokens/s" in out
     assert "held-out accuracy after 20 steps: " in out
+
+
+def test_gpu_layer_check_smoke_measures_the_layer_under_jax(tmp_path):
+    # The GPU check's CPU smoke mode, on the backend that has every path
+    # here; its correctness rows compare each implementation with a float32
+    # explicit layer of the same weights.
+    output = tmp_path / "check.json"
+    completed = _run("gpu_layer_check.py", "--smoke", "--backends", "jax",
+                     "--output", str(output), timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(output.read_text())["backends"]["jax"]
+    rows = result["correctness"]
+    assert {(r["implementation"], r["dtype"], r["mask"]) for r in rows} == {
+        (i, d, m) for i in ("explicit", "fused", "memory_efficient")
+        for d in ("float32", "bfloat16") for m in ("padding", "causal")
+    }
+    assert all(r["ok"] for r in rows), rows
+    float32 = [r["max_relative_error"] for r in rows if r["dtype"] == "float32"]
+    assert max(float32) < 1e-4
+    peers = {case["peer"] for case in result["speed"]}
+    assert peers == {"ours_explicit", "ours_fused", "ours_memory_efficient",
+                     "mha", "native"}
+    assert all(case["ms"] > 0 for case in result["speed"])
+    assert 0.0 <= result["fit"]["accuracy"] <= 1.0
+    assert (tmp_path / "check.txt").read_text() in completed.stdout
