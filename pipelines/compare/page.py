@@ -21,6 +21,7 @@ thead{background:#f3f3f3}
 code{background:#f3f3f3;padding:0 3px}
 figure{margin:12px 0 24px}
 figure svg,img{max-width:100%;height:auto}
+li img{display:block}
 figcaption{font-size:13px;color:#444}
 """
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
