@@ -97,6 +97,39 @@ def head_indices(heads, num_heads):
     return [int(h) for h in chosen]
 
 
+def colour_top(vmax, arrays):
+    """The top of a shared colour scale starting at 0: `vmax` (finite,
+    positive), by default the largest value of `arrays` (1 if none is
+    positive)."""
+    if vmax is None:
+        top = max(float(np.max(a)) for a in arrays)
+        return top if top > 0 else 1.0
+    if (isinstance(vmax, (bool, np.bool_))
+            or not isinstance(vmax, (int, float, np.floating))
+            or not math.isfinite(vmax) or vmax <= 0):
+        raise ValueError(
+            f"`vmax` must be a finite positive number; received {vmax!r}."
+        )
+    return float(vmax)
+
+
+def prepare_maps(weights, query_labels, key_labels, heads, vmax):
+    """Checks one example's maps and their options, for the figures and
+    pages that draw them.
+
+    Returns:
+        `(maps (H, T, S), query labels, key labels, chosen heads, top of the
+        colour scale)`.
+    """
+    maps = attention_maps(weights)
+    num_heads, queries, keys = maps.shape
+    query_labels, key_labels = map_labels(query_labels, key_labels, queries,
+                                          keys)
+    chosen = head_indices(heads, num_heads)
+    top = colour_top(vmax, [maps[h] for h in chosen])
+    return maps, query_labels, key_labels, chosen, top
+
+
 # --------------------------------------------------------------- drawing
 def tick_positions(count, max_labels=MAX_LABELS):
     """Indices of the labels shown on an axis of `count` positions: all of

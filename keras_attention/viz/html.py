@@ -18,9 +18,7 @@ import math
 import matplotlib
 import numpy as np
 
-from keras_attention.diagnostics.drawing import attention_maps
-from keras_attention.diagnostics.drawing import head_indices
-from keras_attention.diagnostics.drawing import map_labels
+from keras_attention.diagnostics.drawing import prepare_maps
 from keras_attention.files import atomic_path
 
 # A map is drawn at most this many CSS pixels a side; cells are whole pixels
@@ -193,20 +191,9 @@ def attention_html(weights, query_labels=None, key_labels=None, heads=None,
     page.save("attention.html")
     ```
     """
-    maps = attention_maps(weights)
-    num_heads, queries, keys = maps.shape
-    query_labels, key_labels = map_labels(query_labels, key_labels, queries,
-                                       keys)
-    chosen = head_indices(heads, num_heads)
-    top = float(np.max(maps[chosen])) if vmax is None else vmax
-    if not (isinstance(top, (int, float)) and math.isfinite(top)
-            and top > 0):
-        if vmax is not None:
-            raise ValueError(
-                f"`vmax` must be a finite positive number; received "
-                f"{vmax!r}."
-            )
-        top = 1.0  # all weights zero: any positive scale shows them
+    maps, query_labels, key_labels, chosen, top = prepare_maps(
+        weights, query_labels, key_labels, heads, vmax)
+    queries, keys = maps.shape[1:]
     lut = _colour_table(cmap)
     data = {
         "heads": chosen,

@@ -17,9 +17,11 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from keras_attention.diagnostics.drawing import attention_maps
+from keras_attention.diagnostics.drawing import colour_top
 from keras_attention.diagnostics.drawing import draw_attention
 from keras_attention.diagnostics.drawing import head_indices
 from keras_attention.diagnostics.drawing import map_labels
+from keras_attention.diagnostics.drawing import prepare_maps
 
 # Panels per row of `plot_attention` before it wraps to a new row.
 PANELS_PER_ROW = 4
@@ -32,16 +34,6 @@ def _panel_inches(queries, keys):
     """A panel's size: 0.18 inch a cell, between 2.2 and 6 inches a side."""
     cell = min(0.18, 6.0 / max(queries, keys))
     return max(2.2, keys * cell), max(2.2, queries * cell)
-
-
-def _scale(vmax, arrays):
-    """The shared colour scale: [0, vmax], `vmax` by default the largest
-    weight shown (at least a tiny positive number)."""
-    if vmax is None:
-        vmax = max(float(np.max(a)) for a in arrays)
-    elif not (isinstance(vmax, (int, float)) and math.isfinite(vmax)):
-        raise ValueError(f"`vmax` must be a finite number; received {vmax!r}.")
-    return Normalize(0.0, max(float(vmax), 1e-12))
 
 
 def _figure(columns, rows, panel):
@@ -89,12 +81,10 @@ def plot_attention(weights, query_labels=None, key_labels=None, heads=None,
     figure.savefig("attention.png", dpi=150)
     ```
     """
-    maps = attention_maps(weights)
-    num_heads, queries, keys = maps.shape
-    query_labels, key_labels = map_labels(query_labels, key_labels, queries,
-                                       keys)
-    chosen = head_indices(heads, num_heads)
-    norm = _scale(vmax, [maps[h] for h in chosen])
+    maps, query_labels, key_labels, chosen, top = prepare_maps(
+        weights, query_labels, key_labels, heads, vmax)
+    queries, keys = maps.shape[1:]
+    norm = Normalize(0.0, top)
     columns = min(len(chosen), PANELS_PER_ROW)
     rows = math.ceil(len(chosen) / columns)
     figure = _figure(columns, rows, _panel_inches(queries, keys))
@@ -172,8 +162,8 @@ def plot_attention_pair(a, b, labels=None, titles=("scaled", "unscaled"),
     num_heads, queries, keys = first.shape
     query_labels, key_labels = map_labels(labels, key_labels, queries, keys)
     chosen = head_indices(heads, num_heads)
-    norm = _scale(vmax, [first[h] for h in chosen]
-                  + [second[h] for h in chosen])
+    norm = Normalize(0.0, colour_top(
+        vmax, [first[h] for h in chosen] + [second[h] for h in chosen]))
     difference = second - first
     limit = max(float(np.max(np.abs(difference[chosen]))), 1e-12)
     difference_norm = TwoSlopeNorm(0.0, -limit, limit)
