@@ -281,18 +281,28 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
 
     ((_, plugin, image_tensor),) = events["attention/attn/heatmap/head1"]
     assert plugin == "images"
-    width, height = int(image_tensor[0]), int(image_tensor[1])
-    assert (width, height) == (5 * 8, 3 * 8)
     assert len(image_tensor) == 2 + 2  # max_images examples
     decoded = tf.io.decode_png(image_tensor[2]).numpy()
-    assert decoded.shape == (24, 40, 3)
-    # Head 1 is one-hot on key 0: hot first column, cold elsewhere.
-    assert np.all(decoded[:, :8] == diag.colorize(1.0))
-    assert np.all(decoded[:, 8:] == diag.colorize(0.0))
+    assert decoded.shape[:2] == (int(image_tensor[1]), int(image_tensor[0]))
+    # Head 1 is one-hot on key 0: in the drawn map (left of the colour bar)
+    # the first column of cells is the top colour, the 4 columns right of
+    # it the bottom colour, 3 rows of cells tall.
+    hot = np.all(decoded == diag.colorize(1.0), axis=-1)
+    columns = np.flatnonzero(hot.any(axis=0))
+    first = columns[0]
+    last = first
+    while last + 1 in columns:
+        last += 1
+    cell = last - first + 1
+    rows = np.flatnonzero(hot[:, first:last + 1].all(axis=1))
+    top, height = rows[0], rows[-1] - rows[0] + 1
+    assert abs(height - 3 * cell) <= 2
+    cold = decoded[top + 1:top + height - 1, last + 2:last + 4 * cell - 1]
+    assert np.all(cold == diag.colorize(0.0))
 
 
-def test_write_diagnostics_shrinks_cells_of_long_sequences(tmp_path):
-    weights = np.full((1, 1, 100, 300), 1.0 / 300)
+def test_write_diagnostics_labels_and_long_sequences(tmp_path):
+    weights = np.full((2, 1, 100, 300), 1.0 / 300)
     stats = diag.layer_statistics(
         {"weights": weights, "scores": np.zeros_like(weights), "mask": None}
     )
@@ -302,16 +312,29 @@ def test_write_diagnostics_shrinks_cells_of_long_sequences(tmp_path):
         grad_norm_value=0.0,
         grad_norm_scores=0.0,
     )
+    diagnostics = {"layers": {"long": stats}, "summary": {}}
+    query_labels = [[f"q{i}" for i in range(100)]] * 2
+    key_labels = [[f"k{i}" for i in range(300)]] * 2
     writer = tf.summary.create_file_writer(str(tmp_path))
-    diag.write_diagnostics(
-        {"layers": {"long": stats}, "summary": {}}, step=0, writer=writer
-    )
+    diag.write_diagnostics(diagnostics, step=0, writer=writer,
+                           query_labels=query_labels, key_labels=key_labels)
     writer.close()
     ((_, _, image_tensor),) = read_events(str(tmp_path))[
         "attention/long/heatmap/head0"
     ]
-    # 512 // 300 = 1 pixel per cell instead of 8.
-    assert tf.io.decode_png(image_tensor[2]).shape == (100, 300, 3)
+    height, width, _ = tf.io.decode_png(image_tensor[2]).shape
+    # Cells shrink so the map stays about MAX_HEATMAP_SIDE wide (8-pixel
+    # cells would make it 2400), and it keeps its 1:3 shape.
+    assert width <= diag.MAX_HEATMAP_SIDE + 200
+    assert height < width / 2
+    with pytest.raises(ValueError, match="key_labels"):
+        diag.write_diagnostics(diagnostics, step=1,
+                               query_labels=query_labels,
+                               key_labels=[["k"] * 299] * 2)
+    with pytest.raises(ValueError, match="query_labels"):
+        diag.write_diagnostics(diagnostics, step=1,
+                               query_labels=query_labels[:1],
+                               key_labels=key_labels)
 
 
 def test_write_diagnostics_rejects_bad_input(tmp_path):

@@ -4,8 +4,9 @@ Floor 2 (beside models, tasks and export): imports the layer floor
 (`keras_attention.recording`) and the core (`ops`, `validation`), never the
 pipelines. Inside the package, `statistics` (numpy statistics and
 `SUMMARY_KEYS`) and `heatmaps` (colour map, heat-map tiles, PNG) import
-nothing of the package; `probe` builds on `statistics`, `summaries` on
-`heatmaps`.
+nothing of the package; `drawing` (labelled maps drawn with matplotlib,
+their argument checks; `keras_attention.viz` builds on it) uses `heatmaps`'
+colour map; `probe` builds on `statistics`, `summaries` on `drawing`.
 
 The training pipeline probes every few hundred steps, outside the training
 step, with the compiled `diagnostics_probe` (`probe_diagnostics` is the
@@ -20,7 +21,8 @@ for every `ScaledDotProductAttention` layer:
   `1/sqrt(d_k)` scale controls;
 * how much gradient reaches the projections and the scores (vanishing
   gradients through a saturated softmax show up here first);
-* the weights themselves, rendered as heatmap images.
+* the weights themselves, drawn as labelled heat maps (token labels on
+  both axes, a colour bar).
 
 The numeric helpers take and return numpy arrays so they can be used on any
 recorded attention, not only inside the probe.

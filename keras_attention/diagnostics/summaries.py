@@ -3,14 +3,21 @@
 import numpy as np
 import tensorflow as tf
 
-from keras_attention.diagnostics.heatmaps import attention_heatmaps
 from keras_attention.validation import check_int
 
-# `write_diagnostics` shrinks heatmap cells (down to 1 pixel) so that images
-# stay within this many pixels a side where possible; TensorBoard shows larger
-# ones no better and they slow down the probe.
+from keras_attention.diagnostics.drawing import LabelledHeatmaps
+from keras_attention.diagnostics.drawing import axis_labels
+from keras_attention.diagnostics.drawing import map_labels
+
+# A labelled map is at most about this many pixels a side (cells shrink and
+# labels thin out for long sequences); TensorBoard shows larger ones no
+# better and they slow down the probe.
 MAX_HEATMAP_SIDE = 512
-DEFAULT_CELL_PIXELS = 8
+
+# One renderer for the process: the probe batch is the same at every step
+# (and in every run of a seed), so each example's figure is drawn once and
+# later steps only blit the new weights into it.
+_HEATMAPS = LabelledHeatmaps(vmax=1.0)
 
 _PER_HEAD_KEYS = (
     "entropy",
@@ -27,7 +34,8 @@ _GRADIENT_TAGS = {
 }
 
 
-def write_diagnostics(diagnostics, step, writer=None, max_images=3):
+def write_diagnostics(diagnostics, step, writer=None, max_images=3,
+                      query_labels=None, key_labels=None):
     """Writes the output of `probe_diagnostics` as TensorBoard summaries.
 
     Tags, for each attention layer `<layer>` and head `<h>`:
@@ -38,8 +46,10 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3):
     * `attention/<layer>/entropy_rows` (histogram of per-row normalised
       entropy);
     * `attention/<layer>/heatmap/head<h>` (images of the first `max_images`
-      probe examples, see `attention_heatmaps`; cells are 8 pixels, or
-      fewer so that images stay within `MAX_HEATMAP_SIDE` pixels);
+      probe examples: labelled maps drawn with matplotlib, queries down the
+      side, keys along the bottom, a colour bar on the fixed scale [0, 1]
+      so that steps and heads compare; about `MAX_HEATMAP_SIDE` pixels a
+      side at most);
     * `gradients/<layer>/{query_kernel,key_kernel,value_kernel,scores}`
       (scalars, L2 norms of the loss gradient);
 
@@ -54,10 +64,16 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3):
             none).
         max_images: number of probe examples rendered per head; 0 writes no
             images.
+        query_labels: the token labels of the probe examples, `(B, T)`
+            nested sequences of strings (`task.token_labels(tokens)`), for
+            the maps' query axis; `None` labels positions `0..T-1`.
+        key_labels: the same for the key axis, `(B, S)`; by default the
+            query labels (self-attention).
 
     Raises:
-        ValueError: if `diagnostics` lacks `"layers"` or `"summary"`, or
-            `max_images` is not a non-negative integer.
+        ValueError: if `diagnostics` lacks `"layers"` or `"summary"`,
+            `max_images` is not a non-negative integer, or the labels do not
+            match the weights' shape.
 
     Example:
 
@@ -76,15 +92,21 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3):
             f"missing keys {sorted(missing)}."
         )
     step = int(step)
+    labels = (query_labels, key_labels)
+    if max_images > 0:
+        # Checked before anything is written, so bad labels leave no half
+        # of a step behind.
+        for stats in diagnostics["layers"].values():
+            _check_labels(np.shape(stats["weights"]), max_images, labels)
     if writer is None:
-        _write_all(diagnostics, step, max_images)
+        _write_all(diagnostics, step, max_images, labels)
     else:
         with writer.as_default():
-            _write_all(diagnostics, step, max_images)
+            _write_all(diagnostics, step, max_images, labels)
         writer.flush()
 
 
-def _write_all(diagnostics, step, max_images):
+def _write_all(diagnostics, step, max_images, labels):
     for name, stats in diagnostics["layers"].items():
         prefix = f"attention/{name}"
         for key in _PER_HEAD_KEYS:
@@ -106,25 +128,53 @@ def _write_all(diagnostics, step, max_images):
             )
         if max_images > 0:
             weights = np.asarray(stats["weights"])
-            _write_heatmaps(prefix, weights, step, max_images)
+            _write_heatmaps(prefix, weights, step, max_images, labels)
     for key, value in diagnostics["summary"].items():
         tf.summary.scalar(f"attention/mean/{key}", float(value), step=step)
 
 
-def _write_heatmaps(prefix, weights, step, max_images):
+def _example_labels(labels, example, length, name):
+    """Labels of one example's axis, or `None` (positions)."""
+    if labels is None:
+        return None
+    if len(labels) <= example:
+        raise ValueError(
+            f"`{name}` must hold the labels of every rendered example; "
+            f"received {len(labels)} for {example + 1} examples."
+        )
+    return axis_labels(labels[example], length, name)
+
+
+def _check_labels(shape, max_images, labels):
+    examples, _, queries, keys = shape
+    for example in range(min(examples, max_images)):
+        map_labels(_example_labels(labels[0], example, queries,
+                                   "query_labels"),
+                   _example_labels(labels[1], example, keys, "key_labels"),
+                   queries, keys)
+
+
+def _write_heatmaps(prefix, weights, step, max_images, labels):
     """One image summary per head, of its first `max_images` examples."""
-    longest = max(weights.shape[2], weights.shape[3], 1)
-    cell_pixels = max(1, min(DEFAULT_CELL_PIXELS, MAX_HEATMAP_SIDE // longest))
-    images = attention_heatmaps(
-        weights, num_examples=max_images, cell_pixels=cell_pixels
-    )
-    num_heads = weights.shape[1]
-    # Example-major layout: regroup so each head gets its examples.
-    images = images.reshape((-1, num_heads) + images.shape[1:])
+    examples, num_heads, queries, keys = weights.shape
+    examples = min(examples, max_images)
+    query_labels, key_labels = labels
+    if key_labels is None and queries == keys:
+        key_labels = query_labels
     for head in range(num_heads):
+        images = np.stack([
+            _HEATMAPS.render(
+                weights[example, head],
+                _example_labels(query_labels, example, queries,
+                                "query_labels"),
+                _example_labels(key_labels, example, keys, "key_labels"),
+                title=f"head {head}, example {example}",
+            )
+            for example in range(examples)
+        ])
         tf.summary.image(
             f"{prefix}/heatmap/head{head}",
-            images[:, head],
+            images,
             step=step,
             max_outputs=max_images,
         )

@@ -30,24 +30,36 @@ Outputs, all under `--logdir`:
                        diagnostics at init and at the end
     comparison.md      tables per key_dim (arms side by side, mean ± sd over
                        seeds), the ratios that test each claim, a verdict
-                       per claim, the variance table and the heat maps
-    heatmaps/*.png     probe attention at init and at the end, per arm, at
-                       the largest trained key_dim
+                       per claim, the variance table, the figures and the
+                       heat maps
+    comparison.html    the same report as one self-contained page, figures
+                       inline as SVG (opens offline)
+    figures/*.png      held-out accuracy over steps (mean ± sd per arm);
+                       entropy, score std and gradient ratios at init over
+                       d_k; the probe example's labelled attention, both
+                       arms and their difference, at init and at the end
+    heatmaps/*.png     labelled probe attention at init and at the end, per
+                       arm, at the largest trained key_dim
     <run>/...          each run's TensorBoard logs; <run>/compare/ adds the
                        HParams metrics (final accuracy, steps to target,
                        initial entropy and score std)
     claims/<arm>/      TensorBoard scalars over d_k (the "step" axis is d_k)
+    curves/<arm>-dk<d>/  the arm's held-out curves, mean and ± sd over seeds,
+                       with a custom-scalars layout (one margin chart per
+                       metric, every arm in it)
     events.*           the HParams experiment (arm, key_dim, seed)
 
 `tensorboard --logdir LOGDIR` then overlays the runs' curves and compares
 them in the HParams dashboard.
 
-The package (floor 3, pipelines): arms, plan, runner, claims, tensorboard,
-measure, formats, verdicts and report, each importing only those before it;
+The package (floor 3, pipelines): arms, plan, runner, claims, series,
+tensorboard, measure, formats, verdicts, report, figures and page, each
+importing only those before it;
 they may import keras_attention, pipelines.common, config, train and
 variance, never pipelines.cli.
 """
 
+import json
 import os
 import time
 
@@ -58,9 +70,11 @@ from pipelines.compare.arms import PRESETS
 from pipelines.compare.arms import Arm
 from pipelines.compare.arms import Preset
 from pipelines.compare.claims import evaluate_claims
+from pipelines.compare.figures import write_figures
 from pipelines.compare.measure import collect
 from pipelines.compare.measure import probe_at_init
 from pipelines.compare.measure import probe_trained
+from pipelines.compare.page import render_page
 from pipelines.compare.plan import ComparisonPlan
 from pipelines.compare.plan import RunSpec
 from pipelines.compare.plan import plan_from_args
@@ -69,7 +83,10 @@ from pipelines.compare.report import key_dim_table
 from pipelines.compare.report import render_report
 from pipelines.compare.runner import train_one
 from pipelines.compare.runner import train_runs
+from pipelines.compare.series import collect_curves
+from pipelines.compare.series import figure_data
 from pipelines.compare.tensorboard import write_claim_scalars
+from pipelines.compare.tensorboard import write_curve_scalars
 from pipelines.compare.tensorboard import write_experiment
 from pipelines.compare.verdicts import status_word
 from pipelines.flags import add_train_arguments
@@ -77,6 +94,7 @@ from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
 COMPARISON_MD = "comparison.md"
+COMPARISON_HTML = "comparison.html"
 
 __all__ = [
     "ARMS", "PRESETS", "Arm", "Preset", "ComparisonPlan", "RunSpec",
@@ -107,17 +125,29 @@ def compare(plan, log=print):
         else []
     )
     claims = evaluate_claims(plan, results, variance_rows)
+    curves = collect_curves(plan)
     write_experiment(plan.logdir, plan)
     write_claim_scalars(plan.logdir, results)
+    write_curve_scalars(plan.logdir, curves)
     wall_time_s = time.time() - started
     document = build_comparison(plan, results, variance_rows, claims,
                                 wall_time_s)
     document["trained_now"] = trained_now
-    write_json_atomic(os.path.join(plan.logdir, COMPARISON_JSON), document)
+    document["curves"] = curves
+    document["figures"] = figure_data(plan, results)
+    json_path = os.path.join(plan.logdir, COMPARISON_JSON)
+    write_json_atomic(json_path, document)
+    # The figures are drawn from the file just written: one source for the
+    # pictures and the numbers.
+    with open(json_path, encoding="utf-8") as handle:
+        figures = write_figures(plan.logdir, json.load(handle))
+    report = render_report(plan, results, variance_rows, claims, wall_time_s,
+                           trained_now, figures, COMPARISON_HTML)
+    write_text_atomic(os.path.join(plan.logdir, COMPARISON_MD), report)
     write_text_atomic(
-        os.path.join(plan.logdir, COMPARISON_MD),
-        render_report(plan, results, variance_rows, claims, wall_time_s,
-                      trained_now),
+        os.path.join(plan.logdir, COMPARISON_HTML),
+        render_page(plan.logdir, report, figures,
+                    f"Scaled vs unscaled attention on {plan.base.task}"),
     )
     return document
 
@@ -192,6 +222,7 @@ def run(args):
     print(summary_text(plan, document))
     print()
     print(f"Report: {os.path.join(plan.logdir, COMPARISON_MD)} "
-          f"({document['wall_time_s']:.0f} s)")
+          f"({document['wall_time_s']:.0f} s); with its figures, offline: "
+          f"{os.path.join(plan.logdir, COMPARISON_HTML)}")
     print(f"TensorBoard: tensorboard --logdir {plan.logdir}")
     return 0

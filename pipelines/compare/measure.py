@@ -2,6 +2,7 @@
 weights, the heat maps of probe attention, and one record per trained run.
 """
 
+import io
 import os
 
 import keras
@@ -9,9 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.diagnostics import SUMMARY_KEYS
-from keras_attention.diagnostics import attention_heatmaps
-from keras_attention.diagnostics import encode_png
 from keras_attention.diagnostics import probe_diagnostics
+from keras_attention.viz import plot_attention
 from pipelines.common import write_bytes_atomic
 from pipelines.builders import build_model
 from pipelines.builders import build_probe_batch
@@ -79,20 +79,20 @@ def _summary(diagnostics_summary):
 
 
 # ------------------------------------------------------------ heat maps
-def heatmap_png(diagnostics, cell_pixels=12):
-    """PNG bytes of the first probe example's attention, all heads of the
-    first attention layer side by side (queries down, keys across)."""
+def probe_attention(diagnostics):
+    """The first probe example's weights in the first attention layer,
+    `(heads, T, S)`."""
     first_layer = sorted(diagnostics["layers"])[0]
-    weights = np.asarray(diagnostics["layers"][first_layer]["weights"])
-    images = attention_heatmaps(weights, num_examples=1,
-                                cell_pixels=cell_pixels)
-    gap = np.full((images.shape[1], cell_pixels // 2, 3), 255, np.uint8)
-    row = []
-    for index, image in enumerate(images):
-        if index:
-            row.append(gap)
-        row.append(image)
-    return encode_png(np.concatenate(row, axis=1))
+    return np.asarray(diagnostics["layers"][first_layer]["weights"])[0]
+
+
+def heatmap_png(weights, labels, title):
+    """PNG bytes of one example's labelled attention maps (all heads; queries
+    down, keys across; one colour scale, [0, 1])."""
+    figure = plot_attention(weights, labels, vmax=1.0, title=title)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
 
 
 # ------------------------------------------------------------ collect
@@ -131,19 +131,26 @@ def _trained_record(spec):
 
 def _write_heatmaps(spec, init, heatmap_dir):
     """Writes the spec's heat maps at init (and trained, when it was);
-    returns their entries for the report."""
+    returns their entries for the report and comparison.json (with the
+    weights drawn and the probe example's token labels)."""
     stages = [("init", init)]
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))
+    task = build_task(spec.config)
+    labels = task.token_labels(build_probe_batch(spec.config, task)[0][0])
     entries = []
     for stage, diagnostics in stages:
         filename = f"{spec.name}-{stage}.png"
-        write_bytes_atomic(os.path.join(heatmap_dir, filename),
-                           heatmap_png(diagnostics))
+        weights = probe_attention(diagnostics)
+        write_bytes_atomic(
+            os.path.join(heatmap_dir, filename),
+            heatmap_png(weights, labels, f"{spec.name}, {stage}"),
+        )
         entries.append(
             {"arm": spec.arm, "key_dim": spec.key_dim,
              "seed": spec.seed, "stage": stage,
-             "path": f"{HEATMAP_DIR}/{filename}"}
+             "path": f"{HEATMAP_DIR}/{filename}",
+             "labels": labels, "weights": weights.tolist()}
         )
     return entries
 

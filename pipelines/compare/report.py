@@ -200,11 +200,30 @@ def _notes(base):
     return lines + [""]
 
 
+def _figure_lines(figures, page):
+    """The figures section: one image per figure (its caption as the alt
+    text) and the self-contained page's name."""
+    if not figures:
+        return []
+    lines = ["## Figures", "",
+             f"The same report with the figures inline, for a browser and "
+             f"offline: [{page}]({page}). The numbers behind each figure are "
+             "in comparison.json (`curves`, `figures`, `heatmaps`).", ""]
+    for item in figures:
+        lines += [f"![{item['caption']}]({item['path']})", ""]
+    return lines
+
+
 def render_report(plan, results, variance_rows, claims, wall_time_s=None,
-                  trained_now=None):
-    """The comparison report as Markdown text."""
+                  trained_now=None, figures=(), page="comparison.html"):
+    """The comparison report as Markdown text.
+
+    `figures` are the entries of `figures.write_figures` (name, caption,
+    path), linked in a section after the verdicts; `page` names the HTML
+    version."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
     lines += _verdict_section(plan, claims, variance_rows)
+    lines += _figure_lines(figures, page)
     if variance_rows:
         lines += _section("Claim 1: Var(q·k) for random unit-variance q, k",
                           variance_markdown(variance_rows))

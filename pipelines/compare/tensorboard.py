@@ -1,5 +1,7 @@
 """What a comparison adds to TensorBoard: each run's HParams metrics, the
-HParams experiment at the comparison's root, and the claim scalars over d_k.
+HParams experiment at the comparison's root, the claim scalars over d_k, and
+the arms' curves (mean and ± sd over seeds) with a custom-scalars layout of
+margin charts, one chart per metric, every arm in it.
 """
 
 import glob
@@ -8,12 +10,17 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 
 from pipelines.compare.claims import group_final_accuracy
 from pipelines.compare.claims import group_init
+from pipelines.compare.series import CURVE_METRICS
 from pipelines import tensorboard as pipeline_tensorboard
 
 CLAIMS_DIR = "claims"
+CURVES_DIR = "curves"
+CURVES_CATEGORY = "arms: mean ± sd over seeds"
 HPARAMS_GROUP = "compare"
 
 # The init statistics plotted over d_k, and those kept as HParams metrics.
@@ -96,4 +103,53 @@ def write_claim_scalars(logdir, results):
             ):
                 tf.summary.scalar("final/accuracy", float(np.mean(accuracies)),
                                   step=key_dim)
+        writer.close()
+
+
+def curves_layout():
+    """The custom-scalars layout: one margin chart per `CURVE_METRICS`
+    entry, its series `<metric>/mean` between `<metric>/lower` and
+    `<metric>/upper` (every arm's run draws one line with its band)."""
+    Series = layout_pb2.MarginChartContent.Series
+    charts = [
+        layout_pb2.Chart(
+            title=title,
+            margin=layout_pb2.MarginChartContent(series=[Series(
+                value=f"{name}/mean", lower=f"{name}/lower",
+                upper=f"{name}/upper")]),
+        )
+        for name, _, title in CURVE_METRICS
+    ]
+    return layout_pb2.Layout(category=[
+        layout_pb2.Category(title=CURVES_CATEGORY, chart=charts)
+    ])
+
+
+def curves_run_name(curve):
+    """The TensorBoard run of one (arm, key_dim) curve, under the logdir."""
+    return f"{CURVES_DIR}/{curve['arm']}-dk{curve['key_dim']}"
+
+
+def write_curve_scalars(logdir, curves):
+    """Writes each arm's curves to `logdir/curves/<arm>-dk<key_dim>/`:
+    `<metric>/{mean,lower,upper}` (mean, mean - sd, mean + sd over seeds)
+    at each step, and the custom-scalars layout (in every such run; the
+    plugin merges identical charts). Rewritten from scratch each time."""
+    shutil.rmtree(os.path.join(logdir, CURVES_DIR), ignore_errors=True)
+    layout = custom_scalar_summary.pb(curves_layout()).SerializeToString()
+    for curve in curves:
+        if not curve["seeds"]:
+            continue
+        writer = tf.summary.create_file_writer(
+            os.path.join(logdir, curves_run_name(curve)))
+        with writer.as_default():
+            tf.summary.experimental.write_raw_pb(layout, step=0)
+            for name, series in curve["metrics"].items():
+                for step, mean, sd in zip(series["steps"], series["mean"],
+                                          series["sd"]):
+                    for suffix, value in (("mean", mean),
+                                          ("lower", mean - sd),
+                                          ("upper", mean + sd)):
+                        tf.summary.scalar(f"{name}/{suffix}", value,
+                                          step=step)
         writer.close()
