@@ -20,11 +20,28 @@ function texts(root) {
     (node) => node.childNodes.length === 1 && node.firstChild.nodeType === Node.TEXT_NODE);
 }
 
-export function viewCanvas(view) {
+const MARGIN = 12;
+
+// The box of what `view` shows (its own box is as wide as the page).
+function contentBox(view) {
+  let right = 0, bottom = 0;
   const box = view.getBoundingClientRect();
+  for (const node of view.querySelectorAll("*")) {
+    const r = node.getBoundingClientRect();
+    if (r.width && r.height) {
+      right = Math.max(right, r.right);
+      bottom = Math.max(bottom, r.bottom);
+    }
+  }
+  return { left: box.left - MARGIN, top: box.top - MARGIN,
+    width: right - box.left + 2 * MARGIN, height: bottom - box.top + 2 * MARGIN };
+}
+
+export function viewCanvas(view) {
+  const box = contentBox(view);
   const canvas = document.createElement("canvas");
-  canvas.width = Math.ceil(view.scrollWidth);
-  canvas.height = Math.ceil(view.scrollHeight);
+  canvas.width = Math.ceil(box.width);
+  canvas.height = Math.ceil(box.height);
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#ffffff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);

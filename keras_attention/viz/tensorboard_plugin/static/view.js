@@ -43,7 +43,9 @@ function axisLabels(labels, fit, vertical) {
   const every = thinning(fit.unit);
   const box = el("div", { class: vertical ? "klabels" : "qlabels" });
   for (let i = 0; i < labels.length; i += every) {
-    const at = (i + 0.5) * fit.unit - LABEL_PX / 2;
+    // Centred on its cell, kept inside the axis at the ends.
+    const extent = labels.length * fit.unit;
+    const at = Math.max(0, Math.min(extent - LABEL_PX, (i + 0.5) * fit.unit - LABEL_PX / 2));
     box.append(el("span", {
       class: "label",
       title: `${i}: ${labels[i]}`,
