@@ -27,9 +27,7 @@ stderr.
 """
 
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ import urllib.parse
 import urllib.request
 
 import _bench  # first: backend, log level, sys.path
+import _browser
 import numpy as np
 from _bench import add_flag
 from _bench import tf
@@ -45,8 +44,6 @@ from keras_attention.viz import write_attention_summary
 from keras_attention.viz.summary import summary_tag
 
 PROG = "bench_dashboard.py"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 CASES = {"a-heads": (8, 512), "b-long": (1, 2048)}
 GOAL_SECONDS = 1.0
 TAG = summary_tag("attention_0")
@@ -79,30 +76,6 @@ def write_runs(logdir, steps):
         writer.close()
 
 
-def start_tensorboard(logdir):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keras_attention.viz.tensorboard_plugin",
-         "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": _bench.REPO_ROOT})
-    base = f"http://127.0.0.1:{port}/data/plugin/attention/"
-    deadline = time.time() + 120
-    while True:
-        if process.poll() is not None or time.time() > deadline:
-            process.kill()
-            _bench.fail(PROG, "TensorBoard did not start")
-        try:
-            tags = urllib.request.urlopen(base + "tags", timeout=2).read()
-            if all(run.encode() in tags for run in CASES):
-                return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            pass
-        time.sleep(0.3)
-
-
 def timed_get(url):
     start = time.perf_counter()
     body = urllib.request.urlopen(url, timeout=60).read()
@@ -127,21 +100,6 @@ def route_times(base, rounds):
     results["peer: index.js"] = (statistics.median(t for t, _ in peer),
                                  peer[0][1])
     return results
-
-
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                 "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1400,1000",
-                 f"--user-data-dir={tempfile.mkdtemp(prefix='bench-chrome-')}"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
 _DRAWN = ("const r = document.querySelector('#root');"
@@ -185,17 +143,21 @@ def render_times(driver, base, rounds):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        _bench.fail(PROG, f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get "
-                    f"install chromium chromium-driver)")
+    if not _browser.have_chromium():
+        _bench.fail(PROG, f"needs {_browser.CHROMIUM} and "
+                    f"{_browser.CHROMEDRIVER} (apt-get install chromium "
+                    f"chromium-driver)")
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as logdir:
         _bench.note("writing the runs")
         write_runs(logdir, args.steps)
         _bench.note("starting TensorBoard")
-        server, base = start_tensorboard(logdir)
+        try:
+            server, base = _browser.start_tensorboard(logdir, len(CASES))
+        except RuntimeError as error:
+            _bench.fail(PROG, error)
         try:
             routes = route_times(base, args.rounds)
-            driver = browser()
+            driver = _browser.chromium()
             try:
                 heads, long = render_times(driver, base, args.rounds)
             finally:

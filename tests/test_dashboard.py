@@ -9,19 +9,14 @@ Screenshots of each state go to `$DASHBOARD_SCREENSHOTS` (or a temporary
 directory); the path is printed.
 """
 
-import base64
 import glob
-import json
 import os
 import pathlib
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import time
 import tomllib
-import urllib.request
 
 import numpy as np
 import pytest
@@ -42,8 +37,8 @@ from keras_attention.viz.tensorboard_plugin.plugin import static_files
 from pipelines.train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+sys.path.insert(0, str(ROOT / "scripts"))
+import _browser  # noqa: E402  (TensorBoard and Chromium, shared with the benchmark)
 
 
 # ------------------------------------------------------------ target cells
@@ -217,12 +212,6 @@ HOT_CELL = (1000, 37)  # the one peaked weight of the long map
 LONG_TARGET = (200, 1800)  # its outlined target cell
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def write_long_map(directory):
     """One 2048 x 2048 head: uniform rows but one weight of 1 at HOT_CELL."""
     weights = np.full((1, 1, LONG, LONG), 1.0 / LONG, np.float32)
@@ -257,57 +246,23 @@ def screenshots(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(logdir, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("tensorboard") / "tb.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keras_attention.viz.tensorboard_plugin",
-         "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=log, env={
-            **os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(ROOT), os.environ.get("PYTHONPATH", "")])})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            assert process.poll() is None, "TensorBoard exited"
-            assert time.time() < deadline, "TensorBoard did not answer"
-            try:
-                listing = json.load(urllib.request.urlopen(
-                    base + "/data/plugin/attention/tags", timeout=2))
-                if len(listing) == 3:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
+    with open(tmp_path_factory.mktemp("tensorboard") / "tb.log", "w") as log:
+        process, base = _browser.start_tensorboard(logdir, 3, stderr=log)
+        try:
+            yield base
+        finally:
+            process.terminate()
+            process.wait(10)
 
 
 @pytest.fixture(scope="module")
 def browser(server, tmp_path_factory):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (Debian packages "
-                    f"chromium, chromium-driver; .ci/run installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
+    if not _browser.have_chromium():
+        pytest.skip(f"needs {_browser.CHROMIUM} and {_browser.CHROMEDRIVER} "
+                    f"(Debian packages chromium, chromium-driver; .ci/run "
+                    f"installs them)")
     downloads = tmp_path_factory.mktemp("downloads")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                 "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chrome')}"):
-        options.add_argument(flag)
-    options.add_experimental_option("prefs", {
-        "download.default_directory": str(downloads),
-        "download.prompt_for_download": False,
-    })
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = _browser.chromium(downloads)
     driver.downloads = downloads
     try:
         yield driver
@@ -361,8 +316,9 @@ class Page:
         return tip
 
     def shot(self, directory, name):
+        """The window as the user sees it: TensorBoard around the tab."""
         path = directory / f"{name}.png"
-        self.find("#root").screenshot(str(path))
+        self.driver.save_screenshot(str(path))
         assert path.stat().st_size > 0
 
 
@@ -502,14 +458,18 @@ def test_long_map(page, screenshots):
 
 def test_exports(page, browser, screenshots):
     page.choose("#run", RUN_A)
-    page.find("#export-png").click()
-    page.find("#export-html").click()
-    deadline = time.time() + 20
-    while len(glob.glob(str(browser.downloads / "*.*[gl]"))) < 2:
-        assert time.time() < deadline, os.listdir(browser.downloads)
-        time.sleep(0.2)
-    png, = glob.glob(str(browser.downloads / "*.png"))
-    html, = glob.glob(str(browser.downloads / "*.html"))
+
+    def download(button, pattern):
+        page.find(button).click()
+        deadline = time.time() + 30
+        while not glob.glob(str(browser.downloads / pattern)):
+            assert time.time() < deadline, os.listdir(browser.downloads)
+            time.sleep(0.2)
+        found, = glob.glob(str(browser.downloads / pattern))
+        return found
+
+    png = download("#export-png", "*.png")
+    html = download("#export-html", "*.html")
     assert pathlib.Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = pathlib.Path(html).read_text()
     assert not re.search(r"(src|href)=\"?(https?:)?//", text)

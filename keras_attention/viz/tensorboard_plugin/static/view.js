@@ -42,10 +42,14 @@ function labelWidth(labels) {
 function axisLabels(labels, fit, vertical) {
   const every = thinning(fit.unit);
   const box = el("div", { class: vertical ? "klabels" : "qlabels" });
+  const extent = labels.length * fit.unit;
+  let last = -Infinity;
   for (let i = 0; i < labels.length; i += every) {
-    // Centred on its cell, kept inside the axis at the ends.
-    const extent = labels.length * fit.unit;
+    // Centred on its cell, kept inside the axis at the ends, never on top
+    // of the previous label.
     const at = Math.max(0, Math.min(extent - LABEL_PX, (i + 0.5) * fit.unit - LABEL_PX / 2));
+    if (at < last + LABEL_PX) continue;
+    last = at;
     box.append(el("span", {
       class: "label",
       title: `${i}: ${labels[i]}`,
