@@ -44,7 +44,7 @@ _UINT8_SCALE = 255.0
 
 def summary_tag(layer):
     """The summary tag of `layer`'s attention maps."""
-    return f"attention_maps/{layer}"
+    return f"attention/{layer}/maps"
 
 
 def summary_metadata(layer):
