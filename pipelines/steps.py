@@ -14,10 +14,15 @@ import tensorflow as tf
 
 from keras_attention.diagnostics import diagnostics_probe
 from keras_attention.diagnostics import write_diagnostics
+from keras_attention.recording import record_attention
+from keras_attention.viz import write_attention_summary
 from pipelines.common import to_jsonable
 
 # Largest held-out batch per evaluation call.
 MAX_EVAL_BATCH = 1024
+# Probe examples shown by the Attention dashboard (each costs
+# heads * T * S * 2 bytes a step in the event file).
+DASHBOARD_EXAMPLES = 4
 
 
 def eval_batch_size(num_examples, num_replicas):
@@ -188,20 +193,59 @@ def make_evaluate(model, strategy, eval_data):
     return evaluate
 
 
-def make_diagnose(host_model, model, probe, writer):
+def make_diagnose(host_model, model, probe, writer, task=None):
     """`diagnose(step)`: the diagnostics of the current weights on the probe
-    batch, logged to `writer` and returned as their JSON record."""
+    batch, logged to `writer` and returned as their JSON record.
+
+    With the `task`, it also writes the Attention dashboard's summary of
+    the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
+    labelled by `task.token_labels` and `task.target_cells`."""
     # Compiled once per run: eager probing cost about 3x more per call.
     probe_host_model = diagnostics_probe(host_model)
+    write_maps = None if task is None else _dashboard_writer(
+        host_model, probe[0], task)
 
     def diagnose(step):
         host_model.set_weights(model.get_weights())
         diagnostics = probe_host_model(*probe)
         if writer.wants(step):
+            if write_maps is not None:
+                write_maps(step, writer.writer)
             write_diagnostics(diagnostics, step, writer.writer)
         return diagnostics_record(diagnostics)
 
     return diagnose
+
+
+def _dashboard_writer(host_model, tokens, task):
+    """`write(step, writer)`: the dashboard summary of the first probe
+    examples, from a compiled forward pass under `record_attention` (the
+    probe returns weights but not the per-head scores the summary needs;
+    this pass on a few examples costs a fraction of the probe's)."""
+    tokens = tokens[:DASHBOARD_EXAMPLES]
+    token_ids = np.asarray(tokens)
+    labels = task.token_labels(token_ids)
+    cells = task.target_cells(token_ids)
+
+    def forward(tokens):
+        with record_attention(host_model) as records:
+            host_model(tokens, training=False)
+        # A mask is None when the layer had none.
+        return {name: {key: record.get(key) for key in
+                       ("weights", "scores", "mask")
+                       if record.get(key) is not None}
+                for name, record in records.items()}
+
+    forward = tf.function(forward, autograph=False)
+
+    def write(step, writer):
+        for name, record in forward(tokens).items():
+            write_attention_summary(
+                name, {key: np.asarray(value) for key, value in
+                       record.items()},
+                step, labels, target_cells=cells, writer=writer)
+
+    return write
 
 
 def diagnostics_record(diagnostics):

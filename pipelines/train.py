@@ -205,7 +205,7 @@ def _train(config, strategy, chief, start_time, hparams_experiment):
     # -------- the compiled steps and the diagnostics probe.
     train_step = make_train_step(model, optimizer, strategy, config)
     evaluate = make_evaluate(model, strategy, eval_data)
-    diagnose = make_diagnose(host_model, model, probe, logs.eval)
+    diagnose = make_diagnose(host_model, model, probe, logs.eval, task)
 
     # -------- the loop.
     progress = _Progress.resumed(logs.eval.previous, start_step)

@@ -78,6 +78,50 @@ class SequenceTask:
         labels = np.vectorize(self.token_label, otypes=[object])(array)
         return labels.tolist() if array.ndim else str(labels)
 
+    def target_cells(self, tokens):
+        """The attention-map cells each example's targets read from.
+
+        A cell `(row, column)` is a query position `row` whose target is the
+        input token at key position `column`: for recall the query row and
+        the pair holding the query's key; for reverse row `i` reads column
+        `l - 1 - i`; for copy answer position `l + 1 + i` reads column `i`;
+        for sort row `i` reads every position holding the symbol of rank `i`
+        (several when the symbol repeats). Positions whose target does not
+        come from one input position (padding) have no cell.
+
+        Args:
+            tokens: integer ids `(seq_len,)` (one example) or
+                `(batch, seq_len)`, as the task generates them.
+
+        Returns:
+            For one example, a sorted list of `(row, column)` tuples; for a
+            batch, one such list per example.
+
+        Raises:
+            ValueError: if `tokens` is not an integer array whose last axis
+                is `seq_len` long.
+
+        Example:
+
+        >>> make_task("reverse", seq_len=4, vocab_size=8).target_cells([5, 6, 7, 0])
+        [(0, 2), (1, 1), (2, 0)]
+        """
+        array = np.asarray(tokens)
+        if (array.dtype.kind not in "iu" or array.ndim not in (1, 2)
+                or array.shape[-1] != self.seq_len):
+            raise ValueError(
+                f"`tokens` must be integer ids of shape (seq_len,) or "
+                f"(batch, seq_len) with seq_len {self.seq_len}; received "
+                f"dtype {array.dtype}, shape {array.shape}."
+            )
+        if array.ndim == 1:
+            return sorted(self._example_target_cells(array))
+        return [sorted(self._example_target_cells(row)) for row in array]
+
+    def _example_target_cells(self, tokens):
+        """`(row, column)` pairs of one example's `(seq_len,)` tokens."""
+        raise NotImplementedError
+
     def _generate(self, key, batch_size):
         """Draws `(tokens, targets, weights)` for `batch_size` examples from
         the stateless RNG key `key` (int64 shape `(2,)`)."""

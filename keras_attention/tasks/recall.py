@@ -1,5 +1,6 @@
 """`RecallTask`: one-hop associative recall over (key, value) pair tokens."""
 
+import numpy as np
 import tensorflow as tf
 
 from keras_attention.tasks import _streams
@@ -77,6 +78,13 @@ class RecallTask(SequenceTask):
         key, value_slot = divmod(int(token_id) - 1, self.num_values + 1)
         value = "?" if value_slot == self.num_values else f"v{value_slot}"
         return f"k{key}:{value}"
+
+    def _example_target_cells(self, tokens):
+        # The query (last position) must find the pair with its key.
+        keys = (tokens.astype(np.int64) - 1) // (self.num_values + 1)
+        query = self.num_pairs
+        return [(query, int(column))
+                for column in np.flatnonzero(keys[:query] == keys[query])]
 
     def _generate(self, key, batch_size):
         key_key, value_key, query_key = _streams.split_key(key, 3)

@@ -1,5 +1,6 @@
 """Tasks over padded random symbols: `ReverseTask`, `SortTask`, `CopyTask`."""
 
+import numpy as np
 import tensorflow as tf
 
 from keras_attention.tasks.base import SequenceTask
@@ -52,6 +53,10 @@ class _PaddedSymbolsTask(SequenceTask):
         """The targets of padded `tokens` with content `lengths`."""
         raise NotImplementedError
 
+    def _content(self, tokens):
+        """The content symbols of one example (the prefix before padding)."""
+        return tokens[: int(np.sum(tokens != self.pad_id))]
+
 
 class ReverseTask(_PaddedSymbolsTask):
     """Reverse a sequence of random symbols.
@@ -83,6 +88,10 @@ class ReverseTask(_PaddedSymbolsTask):
     def _targets(self, tokens, lengths, valid):
         # Reverses only the first `length` entries; padding stays in place.
         return tf.reverse_sequence(tokens, lengths, seq_axis=1, batch_axis=0)
+
+    def _example_target_cells(self, tokens):
+        length = len(self._content(tokens))
+        return [(row, length - 1 - row) for row in range(length)]
 
 
 class SortTask(_PaddedSymbolsTask):
@@ -116,6 +125,13 @@ class SortTask(_PaddedSymbolsTask):
             tf.where(valid, tokens, self.vocab_size), axis=1
         )
         return tf.where(valid, sorted_tokens, 0)
+
+    def _example_target_cells(self, tokens):
+        # A repeated symbol sits at several positions; each is a source.
+        content = self._content(tokens)
+        return [(row, int(column))
+                for row, symbol in enumerate(np.sort(content))
+                for column in np.flatnonzero(content == symbol)]
 
 
 class CopyTask(SequenceTask):
@@ -177,6 +193,14 @@ class CopyTask(SequenceTask):
             min_len, self.copy_len, "copy_len = (seq_len - 1) // 2"
         )
         self.num_classes = self.vocab_size
+
+    def _example_target_cells(self, tokens):
+        # Answer position l + 1 + i copies content position i.
+        delimiters = np.flatnonzero(tokens == self.delimiter_id)
+        if len(delimiters) == 0:
+            return []
+        length = int(delimiters[0])
+        return [(length + 1 + column, column) for column in range(length)]
 
     def _generate(self, key, batch_size):
         symbols, lengths = self._symbols_and_lengths(
