@@ -204,6 +204,8 @@ def make_diagnose(host_model, model, probe, writer, task=None):
     probe_host_model = diagnostics_probe(host_model)
     write_maps = None if task is None else _dashboard_writer(
         host_model, probe[0], task)
+    # The Images tab's heat maps carry the same token labels.
+    labels = None if task is None else task.token_labels(np.asarray(probe[0]))
 
     def diagnose(step):
         host_model.set_weights(model.get_weights())
@@ -211,7 +213,8 @@ def make_diagnose(host_model, model, probe, writer, task=None):
         if writer.wants(step):
             if write_maps is not None:
                 write_maps(step, writer.writer)
-            write_diagnostics(diagnostics, step, writer.writer)
+            write_diagnostics(diagnostics, step, writer.writer,
+                              query_labels=labels)
         return diagnostics_record(diagnostics)
 
     return diagnose
