@@ -77,11 +77,14 @@ def score_std(scores, mask=None):
     >>> score_std(np.array([[1.0, 3.0, 100.0]]), mask=[[True, True, False]])
     1.0
     """
+    selected = _attendable_scores(scores, mask)
+    return float(np.std(selected)) if selected.size else 0.0
+
+
+def _attendable_scores(scores, mask):
+    """The finite scores of the entries a query may attend to, flat."""
     scores = _as_float_array(scores, "scores")
-    selected = scores[_broadcast_mask(mask, scores.shape) & np.isfinite(scores)]
-    if selected.size == 0:
-        return 0.0
-    return float(np.std(selected))
+    return scores[_broadcast_mask(mask, scores.shape) & np.isfinite(scores)]
 
 
 def max_abs_score(scores, mask=None):
@@ -105,11 +108,8 @@ def max_abs_score(scores, mask=None):
     >>> max_abs_score(np.array([[1.0, -3.0, 100.0]]), mask=[[True, True, False]])
     3.0
     """
-    scores = _as_float_array(scores, "scores")
-    selected = scores[_broadcast_mask(mask, scores.shape) & np.isfinite(scores)]
-    if selected.size == 0:
-        return 0.0
-    return float(np.max(np.abs(selected)))
+    selected = _attendable_scores(scores, mask)
+    return float(np.max(np.abs(selected))) if selected.size else 0.0
 
 
 def _valid_rows(weights_shape, mask):

@@ -151,7 +151,10 @@ def render_markdown(document):
               "Final loss is min(final held-out loss, loss at init), a "
               "diverged run counting as its loss at init; the LR "
               "sensitivity is the mean of that over the learning rates minus "
-              "its minimum (Wortsman et al. 2023), mean ± sd over seeds.", ""]
+              "its minimum (Wortsman et al. 2023), mean ± sd over seeds. "
+              "Read it beside the best loss: an arm that learns at no rate "
+              "has every loss near its loss at init, hence a low "
+              "sensitivity.", ""]
     for key, (name, caption) in FIGURES.items():
         lines += [f"![{caption}](figures/{name})", ""]
     lines += ["## At initialisation, per scale mode", "", *init, "",
