@@ -35,7 +35,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
     `scale="sqrt"` the scores are divided by `sqrt(key_dim)`, which keeps
     their variance near 1 when q and k have unit-variance components;
     `scale="none"` leaves them unscaled, so they grow like `sqrt(key_dim)` and
-    push the softmax towards one-hot rows.
+    push the softmax towards one-hot rows; `scale="inverse"` divides by
+    `key_dim` (muP's attention scale), so at initialisation they shrink like
+    `1/sqrt(key_dim)`.
 
     Args:
         key_dim: size `d_k` of each head's queries and keys.
@@ -44,8 +46,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
         output_dim: `None` for no output projection (the output has
             `num_heads * value_dim` features), or the width of an output
             projection `W_O` of shape `(num_heads, value_dim, output_dim)`.
-        scale: `"sqrt"` (1/sqrt(key_dim)), `"none"` (1.0), a positive float,
-            or `"learned"` (a trainable scalar starting at 1/sqrt(key_dim)).
+        scale: `"sqrt"` (1/sqrt(key_dim)), `"none"` (1.0), `"inverse"`
+            (1/key_dim), a positive float, or `"learned"` (a trainable
+            scalar starting at 1/sqrt(key_dim)).
         qk_norm: apply layer normalization to each head's queries and keys
             over `key_dim` before the product.
         use_bias: add biases to the projections.

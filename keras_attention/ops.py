@@ -24,9 +24,10 @@ from keras import ops
 # -inf, subtracting the row maximum from it can never produce NaN.
 _MASKED_SCORE = -1e30
 
-# The score scales: 1/sqrt(d_k), none (1), and a trainable scalar starting at
+# The score scales: 1/sqrt(d_k), none (1), 1/d_k (muP's attention scale, Yang
+# et al. 2022, Tensor Programs V) and a trainable scalar starting at
 # 1/sqrt(d_k). A positive number is accepted wherever a mode is.
-SCALE_MODES = ("sqrt", "none", "learned")
+SCALE_MODES = ("sqrt", "none", "inverse", "learned")
 
 
 def _check_rank(tensor, rank, name):
@@ -42,7 +43,7 @@ def resolve_scale(scale, key_dim):
 
     Args:
         scale: `None` or `"sqrt"` for `1/sqrt(key_dim)`, `"none"` for 1.0,
-            or a positive finite number.
+            `"inverse"` for `1/key_dim`, or a positive finite number.
         key_dim: size of the query/key vectors.
 
     Returns:
@@ -56,10 +57,12 @@ def resolve_scale(scale, key_dim):
         return 1.0 / math.sqrt(key_dim)
     if isinstance(scale, str) and scale == "none":
         return 1.0
+    if isinstance(scale, str) and scale == "inverse":
+        return 1.0 / key_dim
     if isinstance(scale, (str, bool)) or not isinstance(scale, (int, float)):
         raise ValueError(
-            f'`scale` must be "sqrt", "none", "learned" or a positive number; '
-            f"received {scale!r}."
+            f'`scale` must be "sqrt", "none", "inverse", "learned" or a '
+            f"positive number; received {scale!r}."
         )
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(
@@ -224,8 +227,9 @@ def scaled_dot_product_attention(
         value: `(B, S, H, d_v)`.
         mask: optional boolean tensor broadcastable to `(B, H, T, S)`,
             `True` where a query may attend to a key.
-        scale: `None` or `"sqrt"` (1/sqrt(d_k)), `"none"` (1.0), a positive
-            number, or a scalar tensor (e.g. a learned scale).
+        scale: `None` or `"sqrt"` (1/sqrt(d_k)), `"none"` (1.0),
+            `"inverse"` (1/d_k), a positive number, or a scalar tensor (e.g.
+            a learned scale).
         dropout_rate: dropout applied to the attention weights in training.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for the dropout.

@@ -72,21 +72,23 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     first update): the rate is `peak * (i + 1) / warmup_steps` during warmup.
 
     Args:
-        peak: learning rate after warmup.
+        peak: learning rate after warmup: a float, or a scalar variable
+            (read at every step, so a compiled step can be reused with a
+            new rate; see `pipelines.sweep.reuse`).
         warmup_steps: number of warmup updates (0 for none).
         total_steps: length of the run (the cosine reaches 0 there).
         decay: `"constant"` or `"cosine"`.
     """
 
     def __init__(self, peak, warmup_steps, total_steps, decay="constant"):
-        self.peak = float(peak)
+        self.peak = peak if isinstance(peak, keras.Variable) else float(peak)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
         self.decay = decay
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32")
-        rate = keras.ops.convert_to_tensor(self.peak, "float32")
+        rate = keras.ops.cast(self.peak, "float32")
         if self.decay == "cosine":
             span = float(max(self.total_steps - self.warmup_steps, 1))
             progress = keras.ops.clip((step - self.warmup_steps) / span, 0, 1)
@@ -98,15 +100,18 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {
-            "peak": self.peak,
+            "peak": float(keras.ops.convert_to_numpy(self.peak)),
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "decay": self.decay,
         }
 
 
-def build_optimizer(config, num_replicas=1):
+def build_optimizer(config, num_replicas=1, learning_rate=None):
     """The config's Keras optimizer with its warmup schedule.
+
+    `learning_rate`, when given, is a scalar variable holding the peak rate
+    in place of `config.learning_rate` (a sweep assigns it between runs).
 
     Returns the tuple `(optimizer, schedule)`; under `mixed_float16` the
     optimizer is a `LossScaleOptimizer`.
@@ -117,7 +122,7 @@ def build_optimizer(config, num_replicas=1):
     norm is scaled by the same factor.
     """
     schedule = WarmupSchedule(
-        config.learning_rate,
+        config.learning_rate if learning_rate is None else learning_rate,
         config.warmup_steps,
         config.steps,
         config.lr_schedule,

@@ -2,6 +2,7 @@
 
     keras-attention train     train a toy model with attention diagnostics
     keras-attention compare   scaled vs unscaled attention, side by side
+    keras-attention sweep     the scale against a grid of learning rates
     keras-attention variance  the variance of q.k, measured against theory
     keras-attention export    export a trained run (SavedModel, .keras, TFLite)
 
@@ -48,6 +49,7 @@ _import_tensorflow_quietly()
 
 from pipelines import compare  # noqa: E402
 from pipelines import export  # noqa: E402
+from pipelines import sweep  # noqa: E402
 from pipelines import train  # noqa: E402
 from pipelines import variance  # noqa: E402
 from pipelines.common import OneLineErrorParser  # noqa: E402
@@ -56,6 +58,7 @@ from pipelines.common import UsageError  # noqa: E402
 COMMANDS = {
     "train": train,
     "compare": compare,
+    "sweep": sweep,
     "variance": variance,
     "export": export,
 }

@@ -150,7 +150,7 @@ class TrainConfig:
             sample every step.
         d_model ... implementation: model options (see
             `keras_attention.models.build_sequence_model`). `scale` is
-            `"sqrt"`, `"none"`, `"learned"` or a positive float.
+            one of `keras_attention.ops.SCALE_MODES` or a positive float.
         optimizer, learning_rate (the peak, after `warmup_steps` of linear
             warmup from 0), momentum (SGD), weight_decay (decoupled for
             `"adamw"`, else coupled), clip_norm (global gradient norm; `None`

@@ -70,7 +70,7 @@ def _parse_mode(text, name, modes):
 
 
 def parse_scale(text):
-    """`--scale` text: `sqrt`, `none`, `learned` or a positive float."""
+    """`--scale` text: one of `SCALE_MODES` or a positive float."""
     return _parse_mode(text, "scale", SCALE_MODES)
 
 

@@ -16,6 +16,7 @@ line naming the flag. Defaults in the help come from the dataclass and
 import argparse
 import typing
 
+from keras_attention.ops import SCALE_MODES
 from keras_attention.tasks import TASK_NAMES
 from pipelines.config import CHOICES
 from pipelines.config import SETTINGS
@@ -130,9 +131,9 @@ def add_train_arguments(parser):
          "{default})")
     _add(model, "num_heads", help="attention heads (default: {default})")
     _add(model, "value_dim", help="per-head value size (default: key-dim)")
-    _add(model, "scale", metavar="{sqrt,none,learned,FLOAT}",
-         help="score scale: 1/sqrt(d_k), 1, a learned scalar or a fixed "
-         "number (default: {default})")
+    _add(model, "scale", metavar=_choices(SCALE_MODES + ("FLOAT",)),
+         help="score scale: sqrt 1/sqrt(d_k), none 1, inverse 1/d_k (muP), "
+         "learned a trainable scalar, or a fixed number (default: {default})")
     _add(model, "qk_norm", help="layer-normalize queries and keys")
     _add(model, "causal", help="causal attention mask")
     _add(model, "norm", help="pre- or post-layer-norm blocks (default: {default})")

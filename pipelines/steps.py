@@ -6,7 +6,11 @@ positions; the Keras optimizer all-reduces the gradients, or the step does
 when the optimizer must see the global gradient (clipping, loss scaling).
 `make_evaluate` returns the held-out loss and accuracy over a distributed
 dataset; `make_diagnose` the compiled attention-diagnostics probe.
+`build_parts` builds a run's model, optimizer and compiled functions in one
+`Parts`, which a sweep may keep for the next run of the same shapes.
 """
+
+from typing import Callable, NamedTuple
 
 import keras
 import numpy as np
@@ -16,6 +20,8 @@ from keras_attention.diagnostics import diagnostics_probe
 from keras_attention.diagnostics import write_diagnostics
 from keras_attention.recording import record_attention
 from keras_attention.viz import write_attention_summary
+from pipelines.builders import build_model
+from pipelines.builders import build_optimizer
 from pipelines.common import to_jsonable
 
 # Largest held-out batch per evaluation call.
@@ -163,13 +169,70 @@ def make_train_step(model, optimizer, strategy, config):
     return train_step
 
 
-def make_evaluate(model, strategy, eval_data):
+class Parts(NamedTuple):
+    """What a run trains with: the model and optimizer (built in the
+    strategy's scope), the schedule, the host copy for diagnostics and
+    saving, and the compiled train step, evaluation step and probe."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    schedule: Callable
+    host_model: keras.Model
+    train_step: Callable
+    eval_step: Callable
+    probe: Callable
+
+
+def build_parts(config, strategy, task, learning_rate=None):
+    """The `Parts` of a run of `config`, the weights drawn from its seed.
+
+    Args:
+        config: the resolved `TrainConfig`.
+        strategy: the `tf.distribute.Strategy`.
+        task: the config's task.
+        learning_rate: optional scalar variable for the peak learning rate
+            (see `build_optimizer`).
+    """
+    with strategy.scope():
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, task)
+        optimizer, schedule = build_optimizer(
+            config, strategy.num_replicas_in_sync, learning_rate
+        )
+        optimizer.build(model.trainable_variables)
+    # A copy outside the strategy for eager diagnostics and saving.
+    host_model = build_model(config, task)
+    return Parts(
+        model, optimizer, schedule, host_model,
+        make_train_step(model, optimizer, strategy, config),
+        make_eval_step(model, strategy),
+        # Compiled once per run: eager probing cost about 3x more per call.
+        diagnostics_probe(host_model),
+    )
+
+
+def make_evaluate(model, strategy, eval_data, eval_step=None):
     """The held-out evaluation of `model` over a distributed dataset.
 
     Returns:
         `evaluate()`: the weighted mean loss and accuracy over every batch
         of `eval_data`, as floats.
     """
+    eval_step = make_eval_step(model, strategy) if eval_step is None else eval_step
+
+    def evaluate():
+        totals = np.zeros(3)
+        for batch in eval_data:
+            totals += np.array([float(value) for value in eval_step(batch)])
+        weight = max(totals[2], 1e-12)
+        return totals[0] / weight, totals[1] / weight
+
+    return evaluate
+
+
+def make_eval_step(model, strategy):
+    """The compiled evaluation of one distributed batch: the sums of the
+    weighted loss, of the correct predictions and of the weights."""
     def replica_eval(tokens, targets, weights):
         logits = tf.cast(model(tokens, training=False), tf.float32)
         loss_sum, correct = weighted_sums(targets, logits, weights)
@@ -183,25 +246,22 @@ def make_evaluate(model, strategy, eval_data):
             for value in sums
         ]
 
-    def evaluate():
-        totals = np.zeros(3)
-        for batch in eval_data:
-            totals += np.array([float(value) for value in eval_step(batch)])
-        weight = max(totals[2], 1e-12)
-        return totals[0] / weight, totals[1] / weight
-
-    return evaluate
+    return eval_step
 
 
-def make_diagnose(host_model, model, probe, writer, task=None):
+def make_diagnose(host_model, model, probe, writer, task=None,
+                  probe_host_model=None):
     """`diagnose(step)`: the diagnostics of the current weights on the probe
     batch, logged to `writer` and returned as their JSON record.
 
     With the `task`, it also writes the Attention dashboard's summary of
     the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
-    labelled by `task.token_labels` and `task.target_cells`."""
-    # Compiled once per run: eager probing cost about 3x more per call.
-    probe_host_model = diagnostics_probe(host_model)
+    labelled by `task.token_labels` and `task.target_cells`.
+    `probe_host_model` is the compiled probe of `host_model` (default: a new
+    `diagnostics_probe`; a sweep passes the one it keeps across runs)."""
+    if probe_host_model is None:
+        # Compiled once per run: eager probing cost about 3x more per call.
+        probe_host_model = diagnostics_probe(host_model)
     write_maps = None if task is None else _dashboard_writer(
         host_model, probe[0], task)
     # The Images tab's heat maps carry the same token labels.

@@ -39,8 +39,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipelines.builders import build_model
-from pipelines.builders import build_optimizer
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.common import write_json_atomic
@@ -61,10 +59,10 @@ from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
 from pipelines.run_dir import save_model
+from pipelines.steps import build_parts
 from pipelines.steps import eval_batch_size
 from pipelines.steps import make_diagnose
 from pipelines.steps import make_evaluate
-from pipelines.steps import make_train_step
 from pipelines.tensorboard import open_run_logs
 from pipelines.tensorboard import summary_from_events
 from pipelines.tensorboard import write_run_header
@@ -99,7 +97,7 @@ def run(args):
 
 
 # ------------------------------------------------------------- train
-def train(config, return_model=False, hparams_experiment=True):
+def train(config, return_model=False, hparams_experiment=True, reuse=None):
     """Trains the config's model on its task and writes the run directory.
 
     Resumes from the last checkpoint in `config.logdir` when there is one.
@@ -113,6 +111,10 @@ def train(config, return_model=False, hparams_experiment=True):
             pipeline that trains many runs under one TensorBoard logdir
             (compare) declares one experiment at its root instead:
             TensorBoard reads a single experiment per logdir.
+        reuse: optional `reuse(config, strategy, task)` returning the
+            `pipelines.steps.Parts` to train with (default:
+            `pipelines.steps.build_parts`); a sweep passes one that keeps
+            the compiled steps across runs (see `pipelines.sweep.reuse`).
 
     Returns:
         The metrics dict written to `metrics.json` (on the chief), and with
@@ -154,26 +156,23 @@ def train(config, return_model=False, hparams_experiment=True):
     try:
         keras.config.set_dtype_policy(config.precision)
         metrics, model = _train(
-            config, strategy, chief, start_time, hparams_experiment
+            config, strategy, chief, start_time, hparams_experiment, reuse
         )
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics
 
 
-def _train(config, strategy, chief, start_time, hparams_experiment):
+def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
     logdir, steps = config.logdir, config.steps
     task = build_task(config)
     num_replicas = strategy.num_replicas_in_sync
 
-    # -------- model and optimizer, identical on every replica and worker.
-    with strategy.scope():
-        keras.utils.set_random_seed(config.seed)
-        model = build_model(config, task)
-        optimizer, schedule = build_optimizer(config, num_replicas)
-        optimizer.build(model.trainable_variables)
-    # A copy outside the strategy for eager diagnostics and saving.
-    host_model = build_model(config, task)
+    # -------- model, optimizer and compiled steps, identical on every
+    # replica and worker; or those of an earlier run of the same shapes,
+    # reset to this run's initial weights (a sweep's `reuse`).
+    parts = (build_parts if reuse is None else reuse)(config, strategy, task)
+    model, optimizer, schedule, host_model = parts[:4]
 
     # -------- checkpoint: resume where the last run of this command stopped.
     checkpoints = Checkpoints(logdir, model, optimizer, chief)
@@ -203,9 +202,10 @@ def _train(config, strategy, chief, start_time, hparams_experiment):
     probe = build_probe_batch(config, task)
 
     # -------- the compiled steps and the diagnostics probe.
-    train_step = make_train_step(model, optimizer, strategy, config)
-    evaluate = make_evaluate(model, strategy, eval_data)
-    diagnose = make_diagnose(host_model, model, probe, logs.eval, task)
+    train_step = parts.train_step
+    evaluate = make_evaluate(model, strategy, eval_data, parts.eval_step)
+    diagnose = make_diagnose(host_model, model, probe, logs.eval, task,
+                             probe_host_model=parts.probe)
 
     # -------- the loop.
     progress = _Progress.resumed(logs.eval.previous, start_step)

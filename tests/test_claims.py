@@ -56,6 +56,7 @@ def _summary(arm, key_dim, seed):
         "grad_norm_query": 4.0 if unscaled else 1.0,
         "grad_norm_key": 3.0 if unscaled else 1.0,
         "grad_norm_scores": (0.1 if unscaled else 1.0) + wobble,
+        "max_abs_score": 4.0 * (math.sqrt(key_dim) if unscaled else 1),
     }
 
 

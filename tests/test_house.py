@@ -67,6 +67,7 @@ FLOORS = {
     "pipelines.export": 3,
     "pipelines.variance": 3,
     "pipelines.compare": 3,
+    "pipelines.sweep": 3,
     # 4, the command line.
     "pipelines.cli": 4,
     "pipelines.__main__": 4,

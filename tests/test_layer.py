@@ -23,6 +23,8 @@ import keras_attention
 from keras_attention import ScaledDotProductAttention
 from keras_attention import attention_entropy
 from keras_attention import scaled_dot_product_attention
+from keras_attention.ops import SCALE_MODES
+from keras_attention.ops import resolve_scale
 
 BACKEND = keras.backend.backend()
 RNG = np.random.default_rng(1234)
@@ -108,6 +110,8 @@ def reference(
         scale = 1.0 / np.sqrt(layer.key_dim)
     elif layer.scale == "none":
         scale = 1.0
+    elif layer.scale == "inverse":
+        scale = 1.0 / layer.key_dim
     else:
         scale = float(layer.scale)
     scores = np.einsum("bthk,bshk->bhts", q, k) * scale
@@ -777,3 +781,107 @@ def test_core_behaviours_under_jax():
 @RUN_UNDER_JAX
 def test_module_passes_under_jax():
     _run_module_under_jax(None)
+
+
+# ---------------------------------------------------- the 1/d_k scale (muP)
+def np_inverse_attention(q, k, v, mask=None):
+    """softmax(q·k / d_k) v on per-head `(B, T, H, d)` arrays, float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("bthd,bshd->bhts", q, k) / q.shape[-1]
+    weights = np_masked_softmax(scores, mask)
+    return np.einsum("bhts,bshd->bthd", weights, v), weights
+
+
+def test_inverse_scale_resolves_to_one_over_key_dim():
+    assert "inverse" in SCALE_MODES
+    for key_dim in (1, 16, 1024):
+        assert resolve_scale("inverse", key_dim) == 1.0 / key_dim
+    # Not confused with the other modes: at d_k 64 the three fixed scales differ.
+    scales = {mode: resolve_scale(mode, 64) for mode in ("sqrt", "none", "inverse")}
+    assert scales == {"sqrt": 0.125, "none": 1.0, "inverse": 1.0 / 64}
+
+
+def test_inverse_scale_in_the_functional_core_matches_numpy():
+    q, k, v = randn(2, 5, 3, 16), randn(2, 7, 3, 16), randn(2, 7, 3, 4)
+    mask = random_bool(2, 1, 5, 7)
+    mask[0, 0, 2] = False  # a row with no key
+    out, weights = scaled_dot_product_attention(
+        q, k, v, mask=mask, scale="inverse", return_weights=True
+    )
+    ref_out, ref_weights = np_inverse_attention(q, k, v, mask)
+    np.testing.assert_allclose(to_np(weights), ref_weights, atol=1e-6)
+    np.testing.assert_allclose(to_np(out), ref_out, atol=1e-5)
+    fast = scaled_dot_product_attention(q, k, v, mask=mask, scale="inverse")
+    np.testing.assert_allclose(to_np(fast), ref_out, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
+@pytest.mark.parametrize("kind", ["none", "value_mask", "attention_3d", "causal", "all"])
+def test_inverse_scale_layer_matches_numpy_on_every_path(implementation, kind):
+    b, h, t, s, key_dim = 3, 2, 6, 8, 16
+    layer = ScaledDotProductAttention(
+        key_dim=key_dim, num_heads=h, scale="inverse", output_dim=5,
+        implementation=implementation,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=1.0),
+    )
+    query, value = randn(b, t, 7), randn(b, s, 7)
+    kw = {} if kind == "none" else _mask_kwargs(kind, b, h, t, s)
+    out = to_np(layer(query, value, **kw))
+    # The reference: numpy softmax(q·k / d_k) from the layer's own kernels.
+    w = lambda var: np.asarray(to_np(var), np.float64)  # noqa: E731
+    q = np.einsum("btd,dhk->bthk", query, w(layer.query_kernel))
+    k = np.einsum("bsd,dhk->bshk", value, w(layer.key_kernel))
+    v = np.einsum("bsd,dhk->bshk", value, w(layer.value_kernel))
+    mask = np_combined_mask(
+        b, h, t, s, kw.get("query_mask"), kw.get("value_mask"),
+        kw.get("key_mask"), kw.get("attention_mask"),
+        kw.get("use_causal_mask", False),
+    )
+    attended, ref_weights = np_inverse_attention(q, k, v, mask)
+    ref_out = np.einsum("bthd,hdo->bto", attended, w(layer.output_kernel))
+    np.testing.assert_allclose(out, ref_out, atol=1e-4, rtol=1e-5)
+    if implementation == "explicit":
+        _, weights = layer(query, value, return_attention_scores=True, **kw)
+        np.testing.assert_allclose(to_np(weights), ref_weights, atol=1e-5)
+
+
+def test_inverse_scale_serializes(tmp_path):
+    layer = ScaledDotProductAttention(key_dim=8, num_heads=2, scale="inverse")
+    config = layer.get_config()
+    assert config["scale"] == "inverse"
+    json.dumps(config)
+    clone = ScaledDotProductAttention.from_config(config)
+    assert clone.get_config() == config
+    inputs = keras.Input((5, 6))
+    model = keras.Model(inputs, layer(inputs))
+    data = randn(2, 5, 6)
+    path = str(tmp_path / "inverse.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.layers[-1].scale == "inverse"
+    np.testing.assert_allclose(to_np(loaded(data)), to_np(model(data)), atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
+def test_inverse_scale_mixed_precision_matches_float32(policy, implementation):
+    kwargs = dict(key_dim=256, num_heads=2, scale="inverse", output_dim=8,
+                  implementation=implementation)
+    reference_layer = ScaledDotProductAttention(**kwargs)
+    x = randn(2, 6, 16)
+    mask = np.ones((2, 6), bool)
+    mask[1, 4:] = False
+    expected = to_np(reference_layer(x, value_mask=mask))
+    layer = ScaledDotProductAttention(dtype=policy, **kwargs)
+    layer.build((None, 6, 16))
+    layer.set_weights(reference_layer.get_weights())
+    out, grads = _value_and_grads(
+        layer, [x], lambda y: ops.sum(ops.cast(y, "float32")), value_mask=mask
+    )
+    y = to_np(ops.cast(layer(x, value_mask=mask), "float32"))
+    assert np.all(np.isfinite(y))
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    # float16 keeps ~3 decimal digits, bfloat16 ~2: compare at that precision.
+    tolerance = 2e-2 if policy == "mixed_float16" else 1e-1
+    np.testing.assert_allclose(y, expected, atol=tolerance * np.abs(expected).max())

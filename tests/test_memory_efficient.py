@@ -20,6 +20,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_attention.memory_efficient import memory_efficient_attention  # noqa: E402
+from keras_attention.ops import resolve_scale  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
@@ -483,3 +484,38 @@ def test_jax_backend_values_and_gradients(tmp_path):
     np.testing.assert_allclose(np.load(out_path), expected, atol=1e-5)
     assert max(report["grad_errors"]) < 1e-5, report
     np.testing.assert_allclose(*report["scale_grad"], rtol=1e-4)
+
+
+# ---------------------------------------------------- the 1/d_k scale (muP)
+@pytest.mark.parametrize("case", ["none", "all_combined"])
+def test_inverse_scale_values_and_gradients(case):
+    """The layer's `scale="inverse"` resolves to 1/d_k, and the chunked path
+    at that scale matches numpy softmax(q·k/d_k) and the explicit path's
+    gradients (chunks that do not divide T or S)."""
+    scale = resolve_scale("inverse", DK)
+    assert scale == 1.0 / DK
+    query, key, value = _inputs(seed=11)
+    masks = MASK_CASES[case]
+    upstream = np.random.default_rng(12).normal(size=(B, T, H, DV)).astype("float32")
+
+    def efficient(q, k, v, s):
+        return memory_efficient_attention(
+            q, k, v, s, query_chunk_size=8, key_chunk_size=16, **masks
+        )
+
+    output, grads = _gradients(efficient, query, key, value, scale, upstream)
+    scores = np.einsum("bthd,bshd->bhts", query.astype(np.float64), key) / DK
+    valid = _valid_numpy(scores.shape, **masks)
+    exps = np.where(valid, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
+    total = exps.sum(-1, keepdims=True)
+    weights = exps / np.where(total > 0, total, 1.0)
+    expected = np.einsum("bhts,bshd->bthd", weights, value)
+    np.testing.assert_allclose(output.numpy(), expected, atol=1e-5)
+    _, ref_grads = _gradients(
+        lambda q, k, v, s: explicit_tf_attention(q, k, v, s, **masks),
+        query, key, value, scale, upstream,
+    )
+    for name, grad, ref_grad in zip(("query", "key", "value"), grads, ref_grads):
+        np.testing.assert_allclose(
+            grad.numpy(), ref_grad.numpy(), atol=1e-5, err_msg=name
+        )

@@ -18,7 +18,8 @@ for every `ScaledDotProductAttention` layer:
   normalised by the log of the number of attendable keys), mean maximum
   weight and the fraction of saturated rows;
 * how spread the pre-softmax scores are (`score_std`), which is what the
-  `1/sqrt(d_k)` scale controls;
+  `1/sqrt(d_k)` scale controls, and the largest of them (`max_abs_score`,
+  the attention-logit growth tracked in training-stability studies);
 * how much gradient reaches the projections and the scores (vanishing
   gradients through a saturated softmax show up here first);
 * the weights themselves, drawn as labelled heat maps (token labels on
@@ -37,7 +38,9 @@ from keras_attention.diagnostics.probe import diagnostics_probe
 from keras_attention.diagnostics.probe import probe_diagnostics
 from keras_attention.diagnostics.statistics import SATURATION_THRESHOLD
 from keras_attention.diagnostics.statistics import SUMMARY_KEYS
+from keras_attention.diagnostics.statistics import SUMMARY_MAX_KEYS
 from keras_attention.diagnostics.statistics import layer_statistics
+from keras_attention.diagnostics.statistics import max_abs_score
 from keras_attention.diagnostics.statistics import max_weight
 from keras_attention.diagnostics.statistics import saturated_fraction
 from keras_attention.diagnostics.statistics import score_std
@@ -49,12 +52,14 @@ __all__ = [
     "MAX_HEATMAP_SIDE",
     "SATURATION_THRESHOLD",
     "SUMMARY_KEYS",
+    "SUMMARY_MAX_KEYS",
     "attention_heatmaps",
     "colorize",
     "default_loss",
     "diagnostics_probe",
     "encode_png",
     "layer_statistics",
+    "max_abs_score",
     "max_weight",
     "probe_diagnostics",
     "saturated_fraction",

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.diagnostics.statistics import SUMMARY_KEYS
+from keras_attention.diagnostics.statistics import SUMMARY_MAX_KEYS
 from keras_attention.diagnostics.statistics import global_norm
 from keras_attention.diagnostics.statistics import layer_statistics
 from keras_attention.recording import attention_layers
@@ -70,10 +71,12 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         arrays `"entropy"`, `"entropy_normalized"`, `"max_weight"`,
         `"saturated_fraction"` of shape `(H,)`; `"entropy_rows"`, the
         normalised entropy of every query row with an attendable key;
-        floats `"score_std"`, `"grad_norm_query"`, `"grad_norm_key"`,
+        floats `"score_std"`, `"max_abs_score"` (the largest `|q·k·scale|`),
+        `"grad_norm_query"`, `"grad_norm_key"`,
         `"grad_norm_value"`, `"grad_norm_scores"`; and `"weights"`
         `(B, H, T, S)`), and `"summary"` with the mean of each statistic of
-        `SUMMARY_KEYS` over layers and heads.
+        `SUMMARY_KEYS` over layers and heads (the maximum for
+        `SUMMARY_MAX_KEYS`).
 
     Raises:
         ValueError: if `model` has no attention layer, none of them was
@@ -229,6 +232,8 @@ def _diagnostics_from(targets, sample_weight, logits, loss, records, gradients):
         key: float(np.mean([np.mean(s[key]) for s in layer_stats.values()]))
         for key in SUMMARY_KEYS
     }
+    for key in SUMMARY_MAX_KEYS:  # the largest over layers, not the mean
+        summary[key] = float(max(s[key] for s in layer_stats.values()))
     return {
         "loss": float(loss),
         "accuracy": accuracy,

@@ -25,7 +25,11 @@ SUMMARY_KEYS = (
     "grad_norm_query",
     "grad_norm_key",
     "grad_norm_scores",
+    "max_abs_score",
 )
+
+# Summary keys taken as the maximum over layers (and heads), not the mean.
+SUMMARY_MAX_KEYS = ("max_abs_score",)
 
 
 def _as_float_array(values, name):
@@ -73,11 +77,39 @@ def score_std(scores, mask=None):
     >>> score_std(np.array([[1.0, 3.0, 100.0]]), mask=[[True, True, False]])
     1.0
     """
+    selected = _attendable_scores(scores, mask)
+    return float(np.std(selected)) if selected.size else 0.0
+
+
+def _attendable_scores(scores, mask):
+    """The finite scores of the entries a query may attend to, flat."""
     scores = _as_float_array(scores, "scores")
-    selected = scores[_broadcast_mask(mask, scores.shape) & np.isfinite(scores)]
-    if selected.size == 0:
-        return 0.0
-    return float(np.std(selected))
+    return scores[_broadcast_mask(mask, scores.shape) & np.isfinite(scores)]
+
+
+def max_abs_score(scores, mask=None):
+    """Largest attention logit `|q·k·scale|` over the attendable entries.
+
+    The "logit growth" that Dehghani et al. (2023) and Wortsman et al.
+    (2023) track: attention logits that grow without bound during training
+    precede the collapse of the softmax into one-hot rows.
+
+    Args:
+        scores: scaled pre-softmax scores, e.g. `(B, H, T, S)`.
+        mask: optional boolean array broadcastable to `scores`, `True` where
+            a query may attend to a key; masked entries are ignored.
+
+    Returns:
+        A Python float; 0.0 when no entry may attend. Non-finite scores are
+        left out so the statistic itself is always finite.
+
+    Example:
+
+    >>> max_abs_score(np.array([[1.0, -3.0, 100.0]]), mask=[[True, True, False]])
+    3.0
+    """
+    selected = _attendable_scores(scores, mask)
+    return float(np.max(np.abs(selected))) if selected.size else 0.0
 
 
 def _valid_rows(weights_shape, mask):
@@ -174,7 +206,8 @@ def layer_statistics(record):
         `"entropy_normalized"`, `"max_weight"` and `"saturated_fraction"`
         (means over the query rows that may attend somewhere),
         `"entropy_rows"` (the normalised entropy of each such row, flat),
-        the float `"score_std"` and the float32 `"weights"`.
+        the floats `"score_std"` and `"max_abs_score"` (see
+        `max_abs_score`) and the float32 `"weights"`.
 
     Example:
 
@@ -202,5 +235,6 @@ def layer_statistics(record):
         "max_weight": _head_mean(max_weight(weights, mask), valid),
         "saturated_fraction": _head_mean(saturated.astype(np.float64), valid),
         "score_std": score_std(record["scores"], mask),
+        "max_abs_score": max_abs_score(record["scores"], mask),
         "weights": weights,
     }

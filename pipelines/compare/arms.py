@@ -46,6 +46,8 @@ ARMS = {
             scale="none"),
         Arm("learned", "a learned scalar scale, starting at 1/√d_k",
             scale="learned"),
+        Arm("inverse", "softmax(QKᵀ/d_k)V: μP's attention scale",
+            scale="inverse"),
         Arm("qk_norm", "scaled, with layer-normalized queries and keys",
             qk_norm=True),
         Arm("saturated_init",
@@ -157,7 +159,7 @@ PRESETS = {
             heldout_size=1024,
         ),
         expected=(
-            "150 runs of 2000 steps; roughly 30-60 minutes on one GPU with "
+            "175 runs of 2000 steps; roughly 30-60 minutes on one GPU with "
             "--jobs 4 (an estimate: a step of this small model is "
             "overhead-bound on a GPU), many hours on a 2-core CPU"
         ),

@@ -1,0 +1,148 @@
+"""The sweep's figures, drawn with matplotlib from the data in `sweep.json`
+(each function takes that data and returns the `Figure`, so what is
+plotted can be read back and checked against the JSON).
+
+* `lr_figure`: final loss and final accuracy against the learning rate
+  (log axis), one line per arm (mean over seeds, the band spanning the
+  seeds' min and max), one panel per optimizer and d_k (Wortsman et al.
+  2023, figure 1);
+* `sensitivity_figure`: the learning-rate sensitivity per arm, mean ± sd
+  over seeds;
+* `diagnostics_figure`: final max attention logit and normalized entropy
+  against the learning rate;
+* `init_figure`: score std and normalized entropy at init against d_k per
+  scale mode, ± sd over seeds.
+"""
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"scaled": "#1f77b4", "unscaled": "#d62728", "inverse": "#2ca02c",
+          "qk_norm": "#9467bd", "learned": "#ff7f0e", "sqrt": "#1f77b4",
+          "none": "#d62728"}
+
+
+def _color(name):
+    return COLORS.get(name, None)
+
+
+def _panels(curve_list):
+    return sorted({(c["optimizer"], c["key_dim"]) for c in curve_list})
+
+
+def _curve_rows(curve_list, rows, title):
+    """A grid of panels: one row per (metric, label, log y), one column per
+    (optimizer, d_k); one line per arm with its seed band."""
+    panels = _panels(curve_list)
+    figure, axes = plt.subplots(
+        len(rows), len(panels), figsize=(4.2 * len(panels), 3.2 * len(rows)),
+        squeeze=False, constrained_layout=True)
+    for column, (optimizer, key_dim) in enumerate(panels):
+        for row, (metric, label, log_y) in enumerate(rows):
+            ax = axes[row][column]
+            for curve in curve_list:
+                if (curve["optimizer"], curve["key_dim"]) != (optimizer, key_dim):
+                    continue
+                stats = curve[metric]
+                points = [(x, m, lo, hi) for x, m, lo, hi in zip(
+                    curve["learning_rates"], stats["mean"], stats["min"],
+                    stats["max"]) if m is not None]
+                if not points:
+                    continue
+                xs, means, lows, highs = zip(*points)
+                ax.plot(xs, means, marker="o", label=curve["arm"],
+                        color=_color(curve["arm"]))
+                ax.fill_between(xs, lows, highs, alpha=0.2,
+                                color=_color(curve["arm"]), linewidth=0)
+            ax.set_xscale("log")
+            if log_y:
+                ax.set_yscale("log")
+            ax.set_xlabel("learning rate")
+            ax.set_ylabel(label)
+            ax.set_title(f"{optimizer}, d_k {key_dim}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    figure.suptitle(title)
+    return figure
+
+
+def lr_figure(curve_list):
+    """Final loss and accuracy against the learning rate."""
+    return _curve_rows(curve_list, [
+        ("loss", "final held-out loss (capped at init)", False),
+        ("accuracy", "final held-out accuracy", False),
+    ], "Final loss and accuracy against the learning rate "
+       "(mean over seeds; band: min-max)")
+
+
+def diagnostics_figure(curve_list):
+    """Final max attention logit and normalized entropy against the rate."""
+    return _curve_rows(curve_list, [
+        ("max_abs_score", "final max |q·k·scale|", True),
+        ("entropy_normalized", "final entropy / log(keys)", False),
+    ], "Attention at the end of training against the learning rate")
+
+
+def sensitivity_figure(sensitivity_list):
+    """Bars per arm (mean ± sd over seeds), one group per optimizer, d_k."""
+    panels = sorted({(s["optimizer"], s["key_dim"]) for s in sensitivity_list})
+    arms = sorted({s["arm"] for s in sensitivity_list})
+    figure, ax = plt.subplots(figsize=(max(5, 1.6 * len(panels) * len(arms)),
+                                       3.6), constrained_layout=True)
+    width = 0.8 / max(len(arms), 1)
+    for index, arm in enumerate(arms):
+        xs, means, sds = [], [], []
+        for position, panel in enumerate(panels):
+            for s in sensitivity_list:
+                if (s["optimizer"], s["key_dim"]) == panel and s["arm"] == arm:
+                    xs.append(position + (index - (len(arms) - 1) / 2) * width)
+                    means.append(s["mean"])
+                    sds.append(s["sd"])
+        ax.bar(xs, means, width, yerr=sds, capsize=3, label=arm,
+               color=_color(arm))
+    ax.set_xticks(range(len(panels)))
+    ax.set_xticklabels([f"{o}, d_k {d}" for o, d in panels])
+    ax.set_ylabel("LR sensitivity (lower: more robust)")
+    ax.set_title("Learning-rate sensitivity: mean over rates of "
+                 "min(loss, init loss) − best loss")
+    ax.legend(fontsize=8)
+    return figure
+
+
+def init_figure(rows):
+    """Score std and normalized entropy at init against d_k, per mode."""
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8),
+                                constrained_layout=True)
+    modes = list(dict.fromkeys(row["mode"] for row in rows))
+    for ax, (metric, label, log_y) in zip(axes, (
+            ("score_std", "score std at init", True),
+            ("entropy_normalized", "entropy / log(keys) at init", False))):
+        for mode in modes:
+            mine = sorted((r for r in rows if r["mode"] == mode),
+                          key=lambda r: r["key_dim"])
+            ax.errorbar([r["key_dim"] for r in mine],
+                        [r[metric]["mean"] for r in mine],
+                        yerr=[r[metric]["sd"] for r in mine], marker="o",
+                        capsize=3, label=mode, color=_color(mode))
+        ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel("d_k")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle("At initialisation, per scale mode (± sd over seeds)")
+    return figure
+
+
+def png_bytes(figure):
+    """The figure as PNG bytes; closes it."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()

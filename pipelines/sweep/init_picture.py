@@ -1,0 +1,60 @@
+"""The d_k picture per scale mode: score std and normalized entropy at
+initialisation against d_k, in the sweep's model, with the seed spread.
+
+With q and k of unit-variance components (the comparison's W_Q, W_K init),
+q·k has std √d_k: 1/√d_k holds the scores' std near 1 at every d_k, no
+scale lets it grow like √d_k, and 1/d_k (μP) shrinks it like 1/√d_k, so
+the softmax tends to uniform. qk_norm normalizes q and k and keeps 1/√d_k.
+Measured with `pipelines.compare.measure.probe_at_init`, the probe of each
+run's initial weights.
+"""
+
+import numpy as np
+
+from pipelines.compare.arms import ARMS
+from pipelines.compare.measure import probe_at_init
+
+# Scale mode -> the comparison arm that has it.
+MODES = {"sqrt": "scaled", "none": "unscaled", "inverse": "inverse",
+         "qk_norm": "qk_norm"}
+STATISTICS = ("score_std", "entropy_normalized", "max_abs_score")
+
+
+def measure_init(base, key_dims, seeds, log=print):
+    """Rows `{mode, arm, key_dim, <statistic>: {mean, sd, values}}` for
+    every scale mode and d_k, over `seeds`."""
+    rows = []
+    for mode, arm in MODES.items():
+        for key_dim in key_dims:
+            values = {name: [] for name in STATISTICS}
+            for seed in seeds:
+                config = base.replace(
+                    key_dim=key_dim, seed=seed,
+                    **ARMS[arm].overrides(key_dim, base.qk_init_gain))
+                summary = probe_at_init(config)["summary"]
+                for name in STATISTICS:
+                    values[name].append(float(summary[name]))
+            row = {"mode": mode, "arm": arm, "key_dim": key_dim}
+            for name, measured in values.items():
+                row[name] = {"mean": float(np.mean(measured)),
+                             "sd": float(np.std(measured)),
+                             "values": measured}
+            rows.append(row)
+        log(f"init picture: {mode} measured at d_k "
+            f"{', '.join(map(str, key_dims))}")
+    return rows
+
+
+def growth_exponents(rows):
+    """Per mode: the slope of log(score std) against log(d_k), the measured
+    counterpart of the predicted 0 (sqrt, qk_norm), 1/2 (none) and -1/2
+    (inverse)."""
+    out = {}
+    for mode in MODES:
+        points = [(row["key_dim"], row["score_std"]["mean"])
+                  for row in rows if row["mode"] == mode
+                  and row["score_std"]["mean"] > 0]
+        if len(points) >= 2:
+            x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+            out[mode] = float(np.polyfit(x, y, 1)[0])
+    return out
