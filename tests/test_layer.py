@@ -1,7 +1,7 @@
 """Tests of ScaledDotProductAttention and its functional core.
 
 Backend-agnostic: the module runs under KERAS_BACKEND=tensorflow (default),
-jax and torch (see `test_core_behaviours_under`). Every numeric
+jax and torch (child runs started by test_backends.py). Every numeric
 check compares with the numpy reference written below.
 """
 
@@ -20,10 +20,8 @@ from hypothesis import strategies as st
 from keras import ops
 
 import keras_attention
-from _backends import from_outer_run
 from _backends import gradients_of
 from _backends import layer_gradients
-from _backends import run_pytest_under
 from _backends import skip_without_float64
 from keras_attention import ScaledDotProductAttention
 from keras_attention import attention_entropy
@@ -701,27 +699,3 @@ def test_attention_mask_error_shows_shapes():
         layer(randn(2, 3, 4), attention_mask=np.ones((2, 5, 3), bool))
     message = str(info.value)
     assert "(2, 1, 5, 3)" in message and "(2, 3, 3, 3)" in message
-
-
-# ------------------------------------------------------------ other backends
-# One case of every behaviour by default; the whole module under -m slow.
-CORE_SELECTION = (
-    "(matches_reference and 4-learned-True-12-True) or (masks_match and False-all) "
-    "or fully_masked or gradients_flow or bad_arguments "
-    "or (output_only_gradients and float32) or finite_differences "
-    "or (mixed_precision and mixed_bfloat16) or dropout_only "
-    "or keras_file_round_trip or qk_norm"
-)
-
-
-@from_outer_run
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_core_behaviours_under(backend):
-    run_pytest_under(backend, ["test_layer.py"], CORE_SELECTION)
-
-
-@pytest.mark.slow
-@from_outer_run
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_module_passes_under(backend):
-    run_pytest_under(backend, ["test_layer.py"])

@@ -26,12 +26,9 @@ def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size)
 
     input_dtype = query.dtype
     query, key, value = (x.to(torch.float32) for x in (query, key, value))
-    if isinstance(scale, torch.Tensor):
-        # A learned scale (a Parameter) stays in the graph: it gets a gradient.
-        scale = scale.to(torch.float32)
-    else:
-        scale = torch.tensor(float(scale), dtype=torch.float32,
-                             device=query.device)
+    # A learned scale (a Keras variable: its torch Parameter) stays in the
+    # graph and gets a gradient.
+    scale = ops.convert_to_tensor(scale).to(torch.float32)
     length, num_keys = query.shape[1], key.shape[1]
     if length == 0 or num_keys == 0:
         # No keys behaves like fully masked rows.
