@@ -128,6 +128,22 @@ def test_scale_modes_on_every_path(scale, path):
         assert abs(float(grads[-1])) > 1e-4  # the scale is learned
 
 
+@pytest.mark.parametrize("length,masked", [(64, False), (64, True),
+                                           (4096, False), (4096, True)])
+def test_auto_picks_the_measured_path(length, masked):
+    # The choice the layer's `_choose_path` docstring measures per backend.
+    layer = ScaledDotProductAttention(key_dim=2)
+    heads = np.zeros((1, length, 1, 2), "float32")
+    path = layer._choose_path(heads, heads, False, False, masked)
+    if length == 4096 and (masked or BACKEND != "torch"):
+        assert path == "memory_efficient"
+    else:
+        assert path == ("fused" if BACKEND == "torch" else "explicit")
+    assert layer._choose_path(heads, heads, True, False, masked) == (
+        "explicit_weights"
+    )
+
+
 # ---------------------------------- the memory-efficient function itself
 B, T, S, H, DK, DV = 2, 37, 29, 3, 8, 5
 MASK_RNG = np.random.default_rng(1)
@@ -322,7 +338,7 @@ CORE = {
         "or (fully_masked and explicit) or (output_only_gradients and float32-causal) "
         "or bad_arguments or (mixed_precision and memory_efficient-mixed_bfloat16) "
         "or dropout_only or qk_norm_matches "
-        "or (scale_modes and learned-fused) "
+        "or (scale_modes and learned-fused) or auto_picks "
         "or test_learned_scale_and_qk_norm_cross_attention or test_dropout"
     ),
     "torch": (
