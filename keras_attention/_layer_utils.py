@@ -8,6 +8,7 @@ Floor 1 (layer), beside `keras_attention.layer`: imports keras and
 
 import collections
 
+import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
@@ -182,18 +183,21 @@ def expand_attention_mask(attention_mask, query, key, num_heads):
 # -------------------------------------------------------------- fused path
 def fused_attention(q, k, v, mask, scale):
     """`keras.ops.dot_product_attention`, with the layer's zero output for
-    rows that may attend to no key."""
-    attended = ops.dot_product_attention(
-        q,
-        k,
-        v,
-        mask=mask,
-        scale=(
-            scale
-            if isinstance(scale, float)
-            else ops.cast(scale, attention_ops.softmax_dtype(q.dtype))
-        ),
-    )
+    rows that may attend to no key.
+
+    On torch a tensor (learned) scale multiplies the queries and the op
+    gets scale 1: torch's `scaled_dot_product_attention` takes only a
+    Python float there, and the product carries the scale's gradient. The
+    other backends take the tensor, in float32.
+    """
+    if isinstance(scale, float):
+        pass
+    elif keras.backend.backend() == "torch":
+        q = q * ops.cast(scale, q.dtype)
+        scale = 1.0
+    else:
+        scale = ops.cast(scale, attention_ops.softmax_dtype(q.dtype))
+    attended = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
     if mask is None:
         return attended
     # The fused op averages over all keys when a row has none left;

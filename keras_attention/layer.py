@@ -65,9 +65,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
             `"memory_efficient"` (chunked keys and queries with an online
             softmax, memory linear in sequence length). `"auto"` uses the
             explicit path when weights are requested or dropout is active,
-            the memory-efficient path for very long sequences, and otherwise
-            the explicit path on TensorFlow (faster there) and the fused path
-            on other backends. All paths give the same numbers.
+            the memory-efficient path for very long sequences (on torch:
+            masked ones; torch's fused kernel is chunked without a mask),
+            and otherwise the fastest path measured on each backend:
+            explicit on TensorFlow and JAX, fused on torch. All paths give
+            the same numbers.
         **kwargs: base layer arguments such as `name` and `dtype`.
 
     Call arguments:
@@ -327,7 +329,10 @@ class ScaledDotProductAttention(keras.layers.Layer):
             if self._fixed_scale is not None
             else self.learned_scale
         )
-        path = self._choose_path(q, k, need_weights, dropout_active)
+        masked = masks.causal or any(
+            mask is not None for mask in (masks.query, masks.key, masks.attention)
+        )
+        path = self._choose_path(q, k, need_weights, dropout_active, masked)
         if path == "memory_efficient":
             attended = memory_efficient_attention(
                 q,
@@ -347,10 +352,18 @@ class ScaledDotProductAttention(keras.layers.Layer):
             return utils.fused_attention(q, k, v, mask, scale), None
         return attention_ops.attend_output(q, k, v, mask, scale), None
 
-    def _choose_path(self, query, key, need_weights, dropout_active):
+    def _choose_path(self, query, key, need_weights, dropout_active, masked):
         """One of "memory_efficient", "fused", "explicit" (output only, with
         the hand-written backward pass) and "explicit_weights" (the weights
-        materialised for the caller, dropout or the recorder)."""
+        materialised for the caller, dropout or the recorder).
+
+        `"auto"`, from fwd+bwd CPU time of the layer at batch 8, width 256,
+        d_k 64 (ms at (T, heads) = (128, 8) / (512, 8) / (2048, 1), one
+        thread): TensorFlow explicit (scripts/bench_layer.py); JAX explicit
+        28 / 382 / 653 against fused 36 / 574 / 1303 (jax.jit of
+        `stateless_call`); torch fused 28 / 179 / 241 against explicit
+        28 / 310 / 497 and memory-efficient 46 / 529 / 425.
+        """
         if need_weights or dropout_active or self._recorder is not None:
             if self.implementation == "memory_efficient" and need_weights:
                 raise ValueError(
@@ -366,23 +379,30 @@ class ScaledDotProductAttention(keras.layers.Layer):
         if self.implementation != "auto":
             return self.implementation
         query_length, key_length = query.shape[1], key.shape[1]
-        if (
+        backend = keras.backend.backend()
+        long = (
             query_length is not None
             and key_length is not None
             and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
-            and keras.backend.backend() in ("tensorflow", "jax")
-        ):
+        )
+        if long and (backend != "torch" or masked):
+            # torch's CPU kernel is chunked itself, but only without a mask:
+            # at T = 8192 unmasked it grew the peak RSS by 29 MiB (explicit
+            # 798), with a causal mask by 346 MiB (memory-efficient 51).
             return "memory_efficient"
         if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
             # The fused op takes the score product in float16.
             return "explicit"
-        if keras.backend.backend() == "tensorflow":
-            # TensorFlow has no fused kernel: its dot_product_attention is two
-            # tf.einsum calls whose gradients transpose (B, H, T, S) tensors,
-            # while the explicit path's batched matmuls read transposed
-            # operands in place (measured by scripts/bench_layer.py).
-            return "explicit"
-        return "fused" if fused_ok else "explicit"
+        if backend == "torch":
+            # torch's scaled_dot_product_attention is a fused kernel with
+            # its own backward: fastest there (figures above).
+            return "fused" if fused_ok else "explicit"
+        # TensorFlow has no fused kernel: its dot_product_attention is two
+        # tf.einsum calls whose gradients transpose (B, H, T, S) tensors,
+        # while the explicit path's batched matmuls read transposed operands
+        # in place; on JAX the explicit path's hand-written backward beats
+        # jax.nn.dot_product_attention's autodiff by 1.3-2x (figures above).
+        return "explicit"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
         attended, weights, scores = attention_ops.attend(

@@ -175,6 +175,7 @@ def _left_transposed_product(a, b, via_small_transpose):
 
 def attention_scores(query, key, scale):
     """Scaled scores `q . k * scale` as float32, shape `(B, H, T, S)`."""
+    query, key = ops.convert_to_tensor(query), ops.convert_to_tensor(key)
     query, key = _scaled_heads_first(query, key, scale)
     scores = _batched_matmul(query, key, transpose_b=True)
     return ops.cast(scores, softmax_dtype(query.dtype))

@@ -21,6 +21,7 @@ sys.path.insert(0, REPO_ROOT)
 # pipelines.common imports the library, hence Keras and TensorFlow (about 3 s):
 # `--help` is no faster with the framework imported lazily, so it is not.
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from pipelines.common import OneLineErrorParser  # noqa: E402
@@ -126,6 +127,12 @@ def setup_tensorflow(prog, threads=None):
     if threads is not None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
+        try:  # the torch peer of bench_layer.py, when torch is installed
+            import torch
+        except ImportError:
+            pass
+        else:
+            torch.set_num_threads(threads)
     # The benchmarks build fresh tf.functions per case on purpose; TF's
     # retracing warnings about functions created in a loop would only be
     # noise here.
@@ -224,6 +231,57 @@ class HandProjectedAttention(keras.layers.Layer):
         if self.use_bias:
             output = output + self.output_bias
         return output
+
+
+class TorchAttention:
+    """The same self-attention in PyTorch: Q/K/V/O matmuls around
+    `torch.nn.functional.scaled_dot_product_attention` (scale 1/sqrt(d_k)).
+
+    `weights` are numpy arrays in `weights_in_order`'s order and shapes.
+    Calling the peer on an array returns its output as numpy; `step(_)`
+    is one training step on the input given at construction (loss =
+    sum(output), gradients w.r.t. every weight and the input), returning a
+    float that depends on every gradient.
+    """
+
+    def __init__(self, weights, num_heads, key_dim, use_bias, inputs):
+        import torch
+
+        self.torch = torch
+        self.heads, self.key_dim, self.use_bias = num_heads, key_dim, use_bias
+        self.params = [torch.tensor(w, requires_grad=True) for w in weights]
+        self.inputs = torch.tensor(np.asarray(inputs), requires_grad=True)
+
+    def forward(self, x):
+        functional = self.torch.nn.functional
+        batch, length, width = x.shape
+        per = 2 if self.use_bias else 1
+        kernels = self.params[::per]
+        biases = self.params[1::per] if self.use_bias else [None] * 4
+        flat = x.reshape(batch * length, width)
+        heads = []
+        for kernel, bias in zip(kernels[:3], biases[:3]):
+            h = flat @ kernel.reshape(width, -1)
+            if bias is not None:
+                h = h + bias.reshape(-1)
+            heads.append(h.reshape(batch, length, self.heads, self.key_dim)
+                         .transpose(1, 2))
+        attended = functional.scaled_dot_product_attention(*heads)
+        attended = attended.transpose(1, 2).reshape(batch * length, -1)
+        output = attended @ kernels[3].reshape(-1, width)
+        if biases[3] is not None:
+            output = output + biases[3]
+        return output.reshape(batch, length, width)
+
+    def __call__(self, x):
+        with self.torch.no_grad():
+            x = self.torch.tensor(np.asarray(x))
+            return self.forward(x).numpy()
+
+    def step(self, _):
+        loss = self.forward(self.inputs).sum()
+        gradients = self.torch.autograd.grad(loss, self.params + [self.inputs])
+        return float(sum(g.sum() for g in gradients))
 
 
 def weights_in_order(layer, use_bias):

@@ -12,7 +12,10 @@ the same function with the same weights:
 * `MHA`: `keras.layers.MultiHeadAttention` with the same heads and dims
   (it always projects back to the model width);
 * `dpa`: Q/K/V/O projections written by hand as einsums with the same kernel
-  shapes around `keras.ops.dot_product_attention`.
+  shapes around `keras.ops.dot_product_attention`;
+* `torch` (when PyTorch is installed): the same step written in PyTorch
+  around `torch.nn.functional.scaled_dot_product_attention`, eager, with
+  the same weights and input (`--threads` sets its threads too).
 
 Each peer gets its own `tf.function` per case (with or without
 `jit_compile`). After the warm-up calls the peers are timed in turn within
@@ -108,7 +111,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def build_peers(args, seq_len, heads):
+def build_peers(args, seq_len, heads, x):
     """Builds the peers for one (seq_len, heads) case with shared weights.
 
     Returns:
@@ -144,6 +147,12 @@ def build_peers(args, seq_len, heads):
     peers = {f"ours-{name}": layer for name, layer in ours.items()}
     peers["mha"] = mha
     peers["dpa"] = dpa
+    try:
+        peers["torch"] = _bench.TorchAttention(
+            values, heads, args.key_dim, use_bias, x.numpy()
+        )
+    except ImportError:
+        _bench.note("torch is not installed: no torch peer")
     return peers
 
 
@@ -188,7 +197,10 @@ def check_peers_agree(peers, x):
 
 
 def make_step(name, layer, jit):
-    """One `tf.function`: loss = sum(output) and all its gradients."""
+    """One `tf.function`: loss = sum(output) and all its gradients (the
+    torch peer: its own eager step)."""
+    if name == "torch":
+        return layer.step
     variables = list(layer.trainable_variables)
 
     @tf.function(jit_compile=jit, reduce_retracing=False)
@@ -222,7 +234,7 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
         try:
             for _ in range(warmup):
                 start = clock()
-                step(x).numpy()
+                _wait(step(x))
                 elapsed = clock() - start
         except Exception as error:  # Report the peer and time the others.
             message = str(error).strip().splitlines()[-1] if str(error) else ""
@@ -238,7 +250,7 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
             step = steps[name]
             start = clock()
             for _ in range(calls):
-                step(x).numpy()
+                _wait(step(x))
             elapsed = clock() - start
             times[name].append(1000.0 * elapsed / calls)
     medians = {name: None for name in peers}
@@ -246,6 +258,20 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
         {name: statistics.median(values) for name, values in times.items()}
     )
     return medians, calls
+
+
+def _torch_version():
+    try:
+        import torch
+    except ImportError:
+        return "not installed"
+    return torch.__version__
+
+
+def _wait(result):
+    """Fetches a step's result (a TensorFlow tensor, or the torch peer's
+    float), so the timing includes the whole backward pass."""
+    return result.numpy() if hasattr(result, "numpy") else result
 
 
 def _repeats_per_length(rows):
@@ -266,16 +292,18 @@ def _format_ratio(numerator, denominator):
 
 
 COLUMNS = ("seq_len", "heads", "jit", "impl", "ours ms", "MHA ms", "dpa ms",
-           "ours/MHA", "ours/dpa")
-WIDTHS = (7, 5, 3, 16, 9, 9, 9, 8, 8)
+           "torch ms", "ours/MHA", "ours/dpa", "ours/torch")
+WIDTHS = (7, 5, 3, 16, 9, 9, 9, 9, 8, 8, 10)
 
 
 def format_table(rows, header_lines):
     cells = [
         (str(row["seq_len"]), str(row["heads"]), "on" if row["jit"] else "off",
          row["impl"], _format_ms(row["ours"]), _format_ms(row["mha"]),
-         _format_ms(row["dpa"]), _format_ratio(row["ours"], row["mha"]),
-         _format_ratio(row["ours"], row["dpa"]))
+         _format_ms(row["dpa"]), _format_ms(row["torch"]),
+         _format_ratio(row["ours"], row["mha"]),
+         _format_ratio(row["ours"], row["dpa"]),
+         _format_ratio(row["ours"], row["torch"]))
         for row in rows
     ]
     table = _bench.text_table(COLUMNS, cells, WIDTHS)
@@ -297,7 +325,7 @@ def main(argv=None):
             (args.batch, seq_len, args.width), seed=(1, seq_len)
         )
         for heads in args.heads:
-            peers = build_peers(args, seq_len, heads)
+            peers = build_peers(args, seq_len, heads, x)
             peers = check_peers_agree(peers, x)
             for jit in JIT_MODES[args.jit]:
                 medians, calls = time_case(peers, x, jit, warmup, repeats,
@@ -307,6 +335,7 @@ def main(argv=None):
                                impl=implementation,
                                ours=medians.get(f"ours-{implementation}"),
                                mha=medians.get("mha"), dpa=medians.get("dpa"),
+                               torch=medians.get("torch"),
                                repeats=repeats, warmup=warmup)
                     rows.append(row)
                     _bench.note(
@@ -314,7 +343,8 @@ def main(argv=None):
                         f"jit={'on' if jit else 'off'} {implementation}: "
                         f"ours {_format_ms(row['ours'])} ms, "
                         f"MHA {_format_ms(row['mha'])} ms, "
-                        f"dpa {_format_ms(row['dpa'])} ms "
+                        f"dpa {_format_ms(row['dpa'])} ms, "
+                        f"torch {_format_ms(row['torch'])} ms "
                         f"({repeats} repeats of {calls} calls)"
                     )
 
@@ -327,7 +357,8 @@ def main(argv=None):
         f"ours output_dim={args.width}.",
         "ours = keras_attention.ScaledDotProductAttention(implementation="
         "impl); MHA = keras.layers.MultiHeadAttention; dpa = hand einsum "
-        "projections + keras.ops.dot_product_attention.",
+        "projections + keras.ops.dot_product_attention; torch = the same "
+        "step in PyTorch around F.scaled_dot_product_attention (eager).",
         "Median of the repeats (each the mean of back-to-back calls lasting "
         f"~{SAMPLE_SECONDS:g} s), peers interleaved, after warm-up calls "
         "(repeats/warm-up per seq_len: "
@@ -336,6 +367,7 @@ def main(argv=None):
         )
         + ").",
         f"TF {tf.__version__}, Keras {keras.__version__}, "
+        f"torch {_torch_version()}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"GPUs: {len(tf.config.list_physical_devices('GPU'))}, TF threads "
         f"{args.threads or 'default'}, clock {args.clock} "

@@ -1,7 +1,7 @@
 """Tests of ScaledDotProductAttention and its functional core.
 
-Backend-agnostic: the module runs under KERAS_BACKEND=tensorflow (default)
-and KERAS_BACKEND=jax (see `test_module_passes_under_jax`). Every numeric
+Backend-agnostic: the module runs under KERAS_BACKEND=tensorflow (default),
+jax and torch (child runs started by test_backends.py). Every numeric
 check compares with the numpy reference written below.
 """
 
@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 from keras import ops
 
 import keras_attention
+from _backends import gradients_of
+from _backends import layer_gradients
+from _backends import skip_without_float64
 from keras_attention import ScaledDotProductAttention
 from keras_attention import attention_entropy
 from keras_attention import scaled_dot_product_attention
@@ -414,22 +417,7 @@ def np_attention_gradients(q, k, v, mask, scale, d_out):
     return d_q, d_k, d_v, float((d_s * raw).sum())
 
 
-def _gradients_of(fn, args):
-    """Gradients of the scalar `fn(*args)` w.r.t. every tensor in `args`."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        args = [tf.convert_to_tensor(a) for a in args]
-        with tf.GradientTape() as tape:
-            tape.watch(args)
-            loss = fn(*args)
-        return [to_np(g) for g in tape.gradient(loss, args)]
-    if BACKEND == "jax":
-        import jax
-
-        grads = jax.grad(fn, argnums=tuple(range(len(args))))(*args)
-        return [np.asarray(g) for g in grads]
-    pytest.skip(f"no gradient helper for backend {BACKEND}")
+_gradients_of = gradients_of
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "random_with_empty_row", "causal"])
@@ -438,11 +426,8 @@ def test_output_only_gradients_match_reference(mask_kind, dtype):
     # Without weights or dropout the core takes `attend_output`, whose backward
     # pass is written by hand; check it against the numpy textbook backward and
     # against automatic differentiation of the path that returns weights.
-    if dtype == "float64" and BACKEND == "jax":
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            pytest.skip("float64 needs JAX_ENABLE_X64 on the jax backend")
+    if dtype == "float64":
+        skip_without_float64()
     b, t, s, h, dk, dv = 2, 5, 6, 3, 4, 3
     q, k, v = randn(b, t, h, dk), randn(b, s, h, dk), randn(b, s, h, dv)
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
@@ -479,31 +464,7 @@ def test_output_only_gradients_match_reference(mask_kind, dtype):
         np.testing.assert_array_equal(hand[0][0, 2], 0.0)
 
 
-def _value_and_grads(layer, inputs, loss_fn, **call_kwargs):
-    """Gradients of loss_fn(layer(*inputs, **call_kwargs)) w.r.t. the layer's
-    trainable weights, on whichever backend is active."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            loss = loss_fn(layer(*inputs, **call_kwargs))
-        grads = tape.gradient(loss, layer.trainable_weights)
-        return to_np(loss), [to_np(g) for g in grads]
-    if BACKEND == "jax":
-        import jax
-
-        if not layer.built:
-            layer(*inputs, **call_kwargs)
-        trainable = [v.value for v in layer.trainable_weights]
-        non_trainable = [v.value for v in layer.non_trainable_weights]
-
-        def f(tv):
-            out, _ = layer.stateless_call(tv, non_trainable, *inputs, **call_kwargs)
-            return loss_fn(out)
-
-        loss, grads = jax.value_and_grad(f)(trainable)
-        return np.asarray(loss), [np.asarray(g) for g in grads]
-    pytest.skip(f"no gradient helper for backend {BACKEND}")
+_value_and_grads = layer_gradients
 
 
 def test_gradients_flow_to_projections():
@@ -519,11 +480,7 @@ def test_gradients_flow_to_projections():
 
 
 def test_gradient_matches_finite_differences():
-    if BACKEND == "jax":
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            pytest.skip("float64 needs JAX_ENABLE_X64 on the jax backend")
+    skip_without_float64()
     layer = ScaledDotProductAttention(
         key_dim=3, num_heads=2, output_dim=4, scale="learned", use_bias=True,
         bias_initializer="random_normal", dtype="float64",
@@ -746,41 +703,6 @@ def test_attention_mask_error_shows_shapes():
         layer(randn(2, 3, 4), attention_mask=np.ones((2, 5, 3), bool))
     message = str(info.value)
     assert "(2, 1, 5, 3)" in message and "(2, 3, 3, 3)" in message
-
-
-# ------------------------------------------------------------ other backend
-def _run_module_under_jax(selection):
-    pytest.importorskip("jax")
-    env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_ATTENTION_INNER": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    if selection:
-        command += ["-k", selection]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
-
-
-RUN_UNDER_JAX = pytest.mark.skipif(
-    BACKEND != "tensorflow" or os.environ.get("KERAS_ATTENTION_INNER") == "1",
-    reason="runs once, from the default backend",
-)
-
-
-@RUN_UNDER_JAX
-def test_core_behaviours_under_jax():
-    # One case of every behaviour; the whole module under jax is the slow test below.
-    _run_module_under_jax(
-        "(matches_reference and 4-learned-True-12-True) or (masks_match and False-all) "
-        "or fully_masked or gradients_flow or bad_arguments "
-        "or (output_only_gradients and float32) "
-        "or (mixed_precision and explicit-mixed_bfloat16)"
-    )
-
-
-@pytest.mark.slow
-@RUN_UNDER_JAX
-def test_module_passes_under_jax():
-    _run_module_under_jax(None)
 
 
 # ---------------------------------------------------- the 1/d_k scale (muP)

@@ -37,9 +37,10 @@ def default_loss(targets, logits, sample_weight):
     per_position = keras.ops.sparse_categorical_crossentropy(
         targets, logits, from_logits=True
     )
-    weight_sum = tf.reduce_sum(sample_weight)
+    ops = keras.ops
+    weight_sum = ops.sum(sample_weight)
     # A probe batch of pure padding has no loss rather than a 0/0.
-    return tf.reduce_sum(per_position * sample_weight) / tf.maximum(
+    return ops.sum(per_position * sample_weight) / ops.maximum(
         weight_sum, 1e-12
     )
 
@@ -133,11 +134,13 @@ def diagnostics_probe(model, loss_fn=None):
 
     # A partial, not a closure: TensorFlow counts traces per code object, and
     # a new probe for each run of a sweep would read as retracing.
-    forward_backward = tf.function(
-        functools.partial(_forward_backward, model, layers, loss_fn),
-        autograph=False,
-        reduce_retracing=True,
+    forward_backward = functools.partial(
+        _forward_backward, model, layers, loss_fn
     )
+    if keras.backend.backend() == "tensorflow":
+        forward_backward = tf.function(
+            forward_backward, autograph=False, reduce_retracing=True
+        )
 
     def probe(tokens, targets, sample_weight):
         targets, sample_weight = _probe_targets(targets, sample_weight)
@@ -162,10 +165,11 @@ def _check_model(model):
 
 
 def _probe_targets(targets, sample_weight):
-    targets = tf.convert_to_tensor(targets)
+    ops = keras.ops
+    targets = ops.convert_to_tensor(targets)
     if sample_weight is None:
-        sample_weight = tf.ones(tf.shape(targets), dtype=tf.float32)
-    sample_weight = tf.cast(tf.convert_to_tensor(sample_weight), tf.float32)
+        sample_weight = ops.ones(ops.shape(targets), dtype="float32")
+    sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), "float32")
     if sample_weight.shape != targets.shape:
         raise ValueError(
             f"`sample_weight` must have the shape of `targets` "
@@ -176,44 +180,67 @@ def _probe_targets(targets, sample_weight):
 
 def _forward_backward(model, layers, loss_fn, tokens, targets, sample_weight):
     """Logits, loss, the attention records and the gradients of the loss
-    w.r.t. each recorded layer's W_Q, W_K, W_V and scores (in that order)."""
-    with tf.GradientTape() as tape:
+    w.r.t. each recorded layer's W_Q, W_K, W_V and scores (in that order):
+    with a `tf.GradientTape` on TensorFlow, `torch.autograd.grad` on torch.
+    """
+    def forward():
         with record_attention(model) as records:
             logits = model(tokens, training=False)
-        logits = tf.cast(logits, tf.float32)
+        logits = keras.ops.cast(logits, "float32")
         loss = loss_fn(targets, logits, sample_weight)
+        records = {name: records[name] for name in records if name in layers}
+        if not records:
+            raise ValueError(
+                f"No attention was recorded while calling `model` "
+                f"{model.name!r}; its attention layers were not called."
+            )
+        sources = []
+        for name, record in records.items():
+            layer = layers[name]
+            sources += [
+                layer.query_kernel,
+                layer.key_kernel,
+                layer.value_kernel,
+                record["scores"],
+            ]
+        return logits, loss, records, sources
 
-    records = {name: records[name] for name in records if name in layers}
-    if not records:
-        raise ValueError(
-            f"No attention was recorded while calling `model` "
-            f"{model.name!r}; its attention layers were not called."
-        )
-    sources = []
-    for name, record in records.items():
-        layer = layers[name]
-        sources += [
-            layer.query_kernel,
-            layer.key_kernel,
-            layer.value_kernel,
-            record["scores"],
-        ]
+    if keras.backend.backend() == "torch":
+        return _torch_forward_backward(forward)
+    with tf.GradientTape() as tape:
+        logits, loss, records, sources = forward()
     gradients = tape.gradient(
         loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO
     )
     return logits, loss, records, gradients
 
 
+def _torch_forward_backward(forward):
+    """`_forward_backward` on torch: autograd, then everything detached."""
+    import torch
+
+    logits, loss, records, sources = forward()
+    sources = [getattr(source, "value", source) for source in sources]
+    gradients = torch.autograd.grad(loss, sources, allow_unused=True)
+    gradients = [
+        torch.zeros_like(source) if grad is None else grad
+        for source, grad in zip(sources, gradients)
+    ]
+    detach = keras.ops.convert_to_numpy
+    records = {
+        name: {key: None if value is None else detach(value)
+               for key, value in record.items()}
+        for name, record in records.items()
+    }
+    return detach(logits), detach(loss), records, [detach(g) for g in gradients]
+
+
 def _diagnostics_from(targets, sample_weight, logits, loss, records, gradients):
-    correct = tf.cast(
-        tf.equal(
-            tf.argmax(logits, axis=-1, output_type=tf.int64),
-            tf.cast(targets, tf.int64),
-        ),
-        tf.float32,
-    )
-    accuracy = float(tf.reduce_sum(correct * sample_weight)) / max(
-        float(tf.reduce_sum(sample_weight)), 1e-12
+    to_numpy = keras.ops.convert_to_numpy
+    sample_weight = np.asarray(to_numpy(sample_weight), np.float64)
+    correct = np.argmax(to_numpy(logits), axis=-1) == to_numpy(targets)
+    accuracy = float(np.sum(correct * sample_weight)) / max(
+        float(np.sum(sample_weight)), 1e-12
     )
 
     layer_stats = {}

@@ -23,6 +23,9 @@ loops and the custom gradient are written per backend:
   and `tf.custom_gradient`. Works eagerly, inside `tf.function` and with
   `jit_compile=True`.
 - `_jax`: `jax.lax` loops with `jax.custom_vjp`, running the same blocks.
+- `_torch`: Python loops over the same blocks inside a
+  `torch.autograd.Function` (PyTorch runs eagerly, so plain loops are its
+  loops).
 
 The backend is chosen with `keras.backend.backend()`. This package is on
 floor 0 (core), beside `keras_attention.ops`: it may import keras, numpy and
@@ -35,10 +38,11 @@ import keras
 
 from keras_attention.memory_efficient import _jax
 from keras_attention.memory_efficient import _tensorflow
+from keras_attention.memory_efficient import _torch
 from keras_attention.validation import check_int
 
 # The modules that run the blocks, by Keras backend.
-_BACKENDS = {"tensorflow": _tensorflow, "jax": _jax}
+_BACKENDS = {"tensorflow": _tensorflow, "jax": _jax, "torch": _torch}
 
 
 def memory_efficient_attention(
@@ -103,8 +107,9 @@ def memory_efficient_attention(
     backend = keras.backend.backend()
     if backend not in _BACKENDS:
         raise NotImplementedError(
-            "memory_efficient_attention supports the 'tensorflow' and 'jax' "
-            f"backends. Received: backend={backend!r}"
+            "memory_efficient_attention supports the "
+            f"{', '.join(repr(name) for name in _BACKENDS)} backends. "
+            f"Received: backend={backend!r}"
         )
     runner = _BACKENDS[backend]
     query, key, value = (runner.to_tensor(x) for x in (query, key, value))

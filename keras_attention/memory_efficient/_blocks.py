@@ -102,6 +102,8 @@ class _ChunkMasks:
                     constant_values=False,
                 )
             self.attention_mask = attention_mask
+            # Full sizes, not -1: torch's `ops.slice` takes no -1 sizes.
+            self.mask_leading = tuple(ops.shape(attention_mask)[:2])
 
     def __call__(self, i, j):
         parts = []
@@ -117,8 +119,7 @@ class _ChunkMasks:
                 j * self.key_chunk if self.mask_full_cols else 0,
             ]
             size = [
-                -1,
-                -1,
+                *self.mask_leading,
                 self.query_chunk if self.mask_full_rows else 1,
                 self.key_chunk if self.mask_full_cols else 1,
             ]

@@ -1,0 +1,145 @@
+"""Running tests on every Keras backend.
+
+The Keras backend is fixed when Keras is imported, so a test module's cases
+run on JAX or torch in a child pytest (`run_pytest_under`), started once
+from the default (TensorFlow) run. `gradients_of` and `layer_gradients`
+differentiate on whichever backend is active, so one test body serves all
+three.
+"""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+BACKEND = keras.backend.backend()
+BACKENDS = ("tensorflow", "jax", "torch")
+# Set in the child runs, so they do not start children of their own.
+INNER_VARIABLE = "KERAS_ATTENTION_INNER"
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+
+# Marks the tests that start the child runs: once, from the default backend.
+from_outer_run = pytest.mark.skipif(
+    BACKEND != "tensorflow" or os.environ.get(INNER_VARIABLE) == "1",
+    reason="starts the other backends' runs once, from the default backend",
+)
+
+
+def run_pytest_under(backend, modules, selection=None, timeout=1800):
+    """Runs `modules` (file names in tests/) under KERAS_BACKEND=`backend`
+    in a child pytest, `-k selection` when given, and fails with its output
+    unless every selected case passes.
+
+    Returns:
+        The child's summary line, e.g. "52 passed in 12.3s".
+    """
+    pytest.importorskip({"tensorflow": "tensorflow"}.get(backend, backend))
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        INNER_VARIABLE: "1",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])
+        ),
+    }
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+        # The child runs exactly what it is given, slow cases included.
+        "-m", "slow or not slow",
+        "-W", "ignore::DeprecationWarning",
+        *(os.path.join(TESTS_DIR, module) for module in modules),
+    ]
+    if selection:
+        command += ["-k", selection]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=timeout,
+        cwd=REPO_ROOT,
+    )
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 0, output
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary, output
+    return summary
+
+
+def to_np(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def skip_without_float64():
+    """Skips the test where Keras computes float64 in float32: on jax
+    without JAX_ENABLE_X64, and on torch, whose `keras.ops.matmul` follows
+    Keras's promotion rules (64-bit to 32-bit outside TensorFlow)."""
+    if BACKEND == "torch":
+        pytest.skip("keras.ops.matmul runs float64 in float32 on torch")
+    if BACKEND == "jax":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            pytest.skip("float64 needs JAX_ENABLE_X64 on the jax backend")
+
+
+def gradients_of(fn, args):
+    """Gradients of the scalar `fn(*args)` w.r.t. every array in `args`."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        args = [tf.convert_to_tensor(a) for a in args]
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            loss = fn(*args)
+        return [to_np(g) for g in tape.gradient(loss, args)]
+    if BACKEND == "jax":
+        import jax
+
+        grads = jax.grad(fn, argnums=tuple(range(len(args))))(*args)
+        return [np.asarray(g) for g in grads]
+    import torch
+
+    args = [
+        ops.convert_to_tensor(a).detach().clone().requires_grad_(True)
+        for a in args
+    ]
+    grads = torch.autograd.grad(fn(*args), args)
+    return [to_np(g) for g in grads]
+
+
+def layer_gradients(layer, inputs, loss_fn, **call_kwargs):
+    """`(loss, gradients)` of `loss_fn(layer(*inputs, **call_kwargs))`
+    w.r.t. the layer's trainable weights, in their order."""
+    if not layer.built:
+        layer(*inputs, **call_kwargs)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(layer(*inputs, **call_kwargs))
+        grads = tape.gradient(loss, layer.trainable_weights)
+        return to_np(loss), [to_np(g) for g in grads]
+    if BACKEND == "jax":
+        import jax
+
+        trainable = [v.value for v in layer.trainable_weights]
+        non_trainable = [v.value for v in layer.non_trainable_weights]
+
+        def f(values):
+            out, _ = layer.stateless_call(
+                values, non_trainable, *inputs, **call_kwargs
+            )
+            return loss_fn(out)
+
+        loss, grads = jax.value_and_grad(f)(trainable)
+        return np.asarray(loss), [np.asarray(g) for g in grads]
+    import torch
+
+    loss = loss_fn(layer(*inputs, **call_kwargs))
+    grads = torch.autograd.grad(
+        loss, [v.value for v in layer.trainable_weights]
+    )
+    return to_np(loss), [to_np(g) for g in grads]

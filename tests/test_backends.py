@@ -1,0 +1,365 @@
+"""The library on TensorFlow, JAX and torch.
+
+The cases here are written once, with `keras.ops` and the per-backend
+gradient helpers of `_backends`, and compared with numpy references written
+here or with a second code path (gradients of the custom backward passes
+against automatic differentiation of the path that returns the weights).
+They run on TensorFlow in this process; `test_cases_pass_under` runs them,
+with one case of every behaviour of test_layer.py and the Keras harness
+tests, on jax and torch in child runs (everything under `-m slow`).
+`test_torch_matches_tensorflow` loads a `.keras` file saved here into a
+torch process and compares outputs, gradients and diagnostics.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_attention.ops as attention_ops
+from _backends import BACKEND
+from _backends import REPO_ROOT
+from _backends import from_outer_run
+from _backends import gradients_of
+from _backends import layer_gradients
+from _backends import run_pytest_under
+from _backends import to_np
+from keras_attention import ScaledDotProductAttention
+from keras_attention import scaled_dot_product_attention
+from keras_attention.memory_efficient import memory_efficient_attention
+
+RNG = np.random.default_rng(7)
+# The score scale each mode stands for, written out here.
+SCALE_VALUES = {
+    "sqrt": lambda d: d**-0.5,
+    "none": lambda d: 1.0,
+    "inverse": lambda d: 1.0 / d,
+    "learned": lambda d: d**-0.5,  # its initial value
+}
+SCALES = list(attention_ops.SCALE_MODES) + [0.3]
+PATHS = ["explicit", "fused", "memory_efficient", "auto"]
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape).astype("float32")
+
+
+def np_attention(q, k, v, scale, valid):
+    """softmax(q k^T * scale) v in float64 with zero rows where nothing is
+    valid; q `(B, T, H, d)`, valid broadcastable to `(B, H, T, S)`."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("bthd,bshd->bhts", q, k) * scale
+    valid = np.broadcast_to(valid, scores.shape)
+    scores = np.where(valid, scores, -np.inf)
+    top = scores.max(-1, keepdims=True)
+    exps = np.where(valid, np.exp(scores - np.where(np.isfinite(top), top, 0)), 0)
+    total = exps.sum(-1, keepdims=True)
+    weights = exps / np.where(total > 0, total, 1.0)
+    return np.einsum("bhts,bshd->bthd", weights, v)
+
+
+def test_every_scale_mode_has_a_reference_value():
+    assert set(attention_ops.SCALE_MODES) <= set(SCALE_VALUES)
+
+
+# ------------------------------------------- the layer: scales x paths
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("scale", SCALES, ids=str)
+def test_scale_modes_on_every_path(scale, path):
+    """Values against numpy; gradients of every weight (the learned scale
+    included) against autodiff of the path that returns the weights."""
+    b, t, features, heads, key_dim = 2, 7, 6, 2, 4
+    layer = ScaledDotProductAttention(
+        key_dim=key_dim, num_heads=heads, output_dim=5, scale=scale,
+        use_bias=True, bias_initializer="random_normal", implementation=path,
+    )
+    x = randn(b, t, features)
+    value_mask = np.ones((b, t), bool)
+    value_mask[1, 5:] = False
+    kwargs = dict(value_mask=value_mask, use_causal_mask=True)
+    layer(x, **kwargs)
+    if scale == "learned":
+        layer.learned_scale.assign(0.7)  # away from the other modes' values
+    w = {v.path.split("/")[-1]: to_np(v).astype(np.float64) for v in layer.weights}
+    project = lambda name: (  # noqa: E731
+        np.einsum("btd,dhk->bthk", x, w[f"{name}_kernel"]) + w[f"{name}_bias"]
+    )
+    if scale == "learned":
+        numeric_scale = 0.7
+    elif isinstance(scale, str):
+        numeric_scale = SCALE_VALUES[scale](key_dim)
+    else:
+        numeric_scale = scale
+    valid = value_mask[:, None, None, :] & np.tril(np.ones((t, t), bool))
+    attended = np_attention(
+        project("query"), project("key"), project("value"), numeric_scale, valid
+    )
+    expected = np.einsum("bthd,hdo->bto", attended, w["output_kernel"])
+    expected += w["output_bias"]
+    np.testing.assert_allclose(to_np(layer(x, **kwargs)), expected, atol=1e-5)
+
+    upstream = ops.convert_to_tensor(randn(b, t, 5))
+    _, grads = layer_gradients(
+        layer, [x], lambda y: ops.sum(y * upstream), **kwargs
+    )
+    # The second path: the same weights in an explicit layer that returns
+    # the weights, differentiated automatically.
+    explicit = ScaledDotProductAttention.from_config(
+        {**layer.get_config(), "implementation": "explicit"}
+    )
+    explicit(x, **kwargs)
+    explicit.set_weights(layer.get_weights())
+    _, reference = layer_gradients(
+        explicit, [x], lambda y: ops.sum(y[0] * upstream),
+        return_attention_scores=True, **kwargs,
+    )
+    for variable, grad, ref in zip(layer.trainable_weights, grads, reference):
+        assert np.all(np.isfinite(grad)), variable.path
+        np.testing.assert_allclose(
+            grad, ref, rtol=1e-4, atol=1e-5, err_msg=variable.path
+        )
+    if scale == "learned":
+        assert abs(float(grads[-1])) > 1e-4  # the scale is learned
+
+
+@pytest.mark.parametrize("length,masked", [(64, False), (64, True),
+                                           (4096, False), (4096, True)])
+def test_auto_picks_the_measured_path(length, masked):
+    # The choice the layer's `_choose_path` docstring measures per backend.
+    layer = ScaledDotProductAttention(key_dim=2)
+    heads = np.zeros((1, length, 1, 2), "float32")
+    path = layer._choose_path(heads, heads, False, False, masked)
+    if length == 4096 and (masked or BACKEND != "torch"):
+        assert path == "memory_efficient"
+    else:
+        assert path == ("fused" if BACKEND == "torch" else "explicit")
+    assert layer._choose_path(heads, heads, True, False, masked) == (
+        "explicit_weights"
+    )
+
+
+# ---------------------------------- the memory-efficient function itself
+B, T, S, H, DK, DV = 2, 37, 29, 3, 8, 5
+MASK_RNG = np.random.default_rng(1)
+KEY_MASK = MASK_RNG.random((B, S)) > 0.3
+KEY_MASK[1] = False  # example 1 has no key: zero output and gradients
+QUERY_MASK = MASK_RNG.random((B, T)) > 0.2
+MASK_CASES = {
+    "none": {},
+    "key_mask": {"key_mask": KEY_MASK},
+    "query_mask": {"query_mask": QUERY_MASK},
+    "attention_b_1_t_s": {"attention_mask": MASK_RNG.random((B, 1, T, S)) > 0.3},
+    "attention_1_h_t_1": {"attention_mask": MASK_RNG.random((1, H, T, 1)) > 0.2},
+    "causal": {"causal": True},
+    "all": {
+        "key_mask": KEY_MASK, "query_mask": QUERY_MASK, "causal": True,
+        "attention_mask": MASK_RNG.random((B, H, T, S)) > 0.3,
+    },
+}
+
+
+def _valid(key_mask=None, query_mask=None, attention_mask=None, causal=False):
+    valid = np.ones((B, H, T, S), bool)
+    if key_mask is not None:
+        valid &= key_mask[:, None, None, :]
+    if query_mask is not None:
+        valid &= query_mask[:, None, :, None]
+    if attention_mask is not None:
+        valid &= attention_mask
+    if causal:
+        valid &= np.tril(np.ones((T, S), bool))
+    return valid
+
+
+@pytest.mark.parametrize("case", sorted(MASK_CASES))
+def test_memory_efficient_values_and_gradients(case):
+    masks = MASK_CASES[case]
+    q, k, v = randn(B, T, H, DK), randn(B, S, H, DK), randn(B, S, H, DV)
+    upstream = ops.convert_to_tensor(randn(B, T, H, DV))
+    valid = _valid(**masks)
+    scale = np.float32(0.3)
+
+    def chunked(q, k, v, scale):
+        out = memory_efficient_attention(
+            q, k, v, scale, query_chunk_size=8, key_chunk_size=16, **masks
+        )
+        return ops.sum(out * upstream)
+
+    def explicit(q, k, v, scale):
+        out, _ = scaled_dot_product_attention(
+            q, k, v, mask=valid, scale=scale, return_weights=True
+        )
+        return ops.sum(out * upstream)
+
+    output = memory_efficient_attention(
+        q, k, v, 0.3, query_chunk_size=8, key_chunk_size=16, **masks
+    )
+    np.testing.assert_allclose(
+        to_np(output), np_attention(q, k, v, 0.3, valid), atol=1e-5
+    )
+    grads = gradients_of(chunked, [q, k, v, scale])
+    reference = gradients_of(explicit, [q, k, v, scale])
+    for name, grad, ref in zip(("query", "key", "value"), grads, reference):
+        assert np.all(np.isfinite(grad)), name
+        np.testing.assert_allclose(grad, ref, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(grads[3], reference[3], rtol=1e-4, atol=1e-5)
+    if "key_mask" in masks:
+        np.testing.assert_array_equal(grads[0][1], 0.0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_memory_efficient_low_precision_unscaled_stays_finite(dtype):
+    rng = np.random.default_rng(3)
+    inputs = [
+        ops.cast(rng.standard_normal(shape), dtype)
+        for shape in ((1, 20, 2, 1024), (1, 24, 2, 1024), (1, 24, 2, 4))
+    ]
+
+    def loss(q, k, v):
+        out = memory_efficient_attention(
+            q, k, v, 1.0, causal=True, query_chunk_size=8, key_chunk_size=16
+        )
+        return ops.sum(ops.cast(out, "float32"))
+
+    output = memory_efficient_attention(
+        *inputs, 1.0, causal=True, query_chunk_size=8, key_chunk_size=16
+    )
+    assert keras.backend.standardize_dtype(output.dtype) == dtype
+    for grad in gradients_of(loss, inputs):
+        assert np.all(np.isfinite(np.asarray(grad, np.float32)))
+    # Scores with std ~32: a softmax in the input dtype would overflow.
+    rounded = [to_np(ops.cast(x, "float32")) for x in inputs]
+    expected = np_attention(*rounded, 1.0, np.tril(np.ones((20, 24), bool)))
+    np.testing.assert_allclose(
+        to_np(ops.cast(output, "float32")), expected, atol=0.02
+    )
+
+
+# ------------------------------------------- torch against TensorFlow
+TORCH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, keras, torch
+    import keras_attention
+    from keras_attention.diagnostics import probe_diagnostics
+    assert keras.backend.backend() == "torch"
+    model = keras.saving.load_model(sys.argv[1])
+    data = np.load(sys.argv[2])
+    tokens, targets, weight = data["tokens"], data["targets"], data["weight"]
+    logits = model(tokens)
+    loss = keras.ops.sum(logits * keras.ops.convert_to_tensor(data["upstream"]))
+    grads = torch.autograd.grad(loss, [v.value for v in model.trainable_weights])
+    out = {"logits": keras.ops.convert_to_numpy(logits)}
+    for i, g in enumerate(grads):
+        out[f"grad_{i}"] = keras.ops.convert_to_numpy(g)
+    np.savez(sys.argv[3], **out)
+    result = probe_diagnostics(model, tokens, targets, weight)
+    print(json.dumps(result["summary"]))
+    """
+)
+
+
+def _tiny_model():
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(13, 16, mask_zero=True)(tokens)
+    x = ScaledDotProductAttention(
+        key_dim=8, num_heads=2, output_dim=16, scale="learned", qk_norm=True,
+        use_bias=True, bias_initializer="random_normal", name="attention_0",
+    )(x, use_causal_mask=True)
+    x = ScaledDotProductAttention(key_dim=4, num_heads=2, name="attention_1")(x)
+    return keras.Model(tokens, keras.layers.Dense(13)(x))
+
+
+@from_outer_run
+def test_torch_matches_tensorflow(tmp_path):
+    """A `.keras` file saved on TensorFlow, loaded on torch: the same logits,
+    gradients of every weight and diagnostics, float32 within 1e-5."""
+    pytest.importorskip("torch")
+    import tensorflow as tf
+
+    from keras_attention.diagnostics import probe_diagnostics
+
+    keras.utils.set_random_seed(3)
+    model = _tiny_model()
+    tokens = RNG.integers(1, 13, size=(3, 9)).astype("int32")
+    tokens[1, 6:] = 0
+    targets = RNG.integers(0, 13, size=(3, 9)).astype("int32")
+    weight = (tokens != 0).astype("float32")
+    upstream = randn(3, 9, 13)
+    with tf.GradientTape() as tape:
+        logits = model(tokens)
+        loss = tf.reduce_sum(logits * upstream)
+    grads = tape.gradient(loss, model.trainable_weights)
+    summary = probe_diagnostics(model, tokens, targets, weight)["summary"]
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "data.npz", tokens=tokens, targets=targets,
+             weight=weight, upstream=upstream)
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_SCRIPT, str(tmp_path / "model.keras"),
+         str(tmp_path / "data.npz"), str(tmp_path / "out.npz")],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+        env={**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(
+            filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    torch_summary = json.loads(result.stdout.strip().splitlines()[-1])
+    out = np.load(tmp_path / "out.npz")
+    np.testing.assert_allclose(out["logits"], to_np(logits), atol=1e-5)
+    for i, (variable, grad) in enumerate(zip(model.trainable_weights, grads)):
+        np.testing.assert_allclose(
+            out[f"grad_{i}"], to_np(grad), rtol=1e-5, atol=1e-5,
+            err_msg=variable.path,
+        )
+    assert torch_summary.keys() == summary.keys()
+    for key, value in summary.items():
+        np.testing.assert_allclose(torch_summary[key], value, rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
+
+
+# ------------------------------------------------------ the child runs
+# One case of every behaviour by default (everything under -m slow): values
+# and weights, masks, rows without keys, gradients, bad arguments, mixed
+# precision, dropout, qk-norm, Keras masks, the scale modes, the
+# memory-efficient function and the harness (which saves and loads a
+# `.keras` file). JAX compiles every new shape of every eager op and every
+# fit() step, so its selection is the smallest (about 25 s of CPU); the
+# chunked function on JAX has its own default test in
+# test_memory_efficient.py.
+CORE = {
+    "jax": (
+        "(matches_reference and 4-learned-True-12-True) "
+        "or (masks_match and False-all-memory_efficient) "
+        "or (fully_masked and explicit) or (output_only_gradients and float32-causal) "
+        "or bad_arguments or (mixed_precision and memory_efficient-mixed_bfloat16) "
+        "or dropout_only or qk_norm_matches "
+        "or (scale_modes and learned-fused) or auto_picks "
+        "or test_learned_scale_and_qk_norm_cross_attention or test_dropout"
+    ),
+    "torch": (
+        "test_backends.py or test_layer_harness.py "
+        "or (matches_reference and 4-learned-True-12-True) "
+        "or (masks_match and False-all) or fully_masked or gradients_flow "
+        "or bad_arguments or (output_only_gradients and float32) "
+        "or mixed_precision or dropout_only or qk_norm or keras_mask"
+    ),
+}
+MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py"]
+
+
+@from_outer_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_cases_pass_under(backend):
+    run_pytest_under(backend, MODULES, CORE[backend])
+
+
+@pytest.mark.slow
+@from_outer_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_all_cases_pass_under(backend):
+    run_pytest_under(backend, MODULES)
