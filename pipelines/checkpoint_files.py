@@ -6,8 +6,9 @@ file only once its files are complete, so the recorded checkpoints are the
 candidates to resume from. A recorded checkpoint can still be unreadable (a
 truncated or damaged data file): `complete_checkpoint` reads each candidate
 whole, newest first, says in one line which ones it skips, and refuses
-(`UsageError`, exit 2) when none is whole. A save that fails (a full disk)
-or is killed leaves TensorFlow's staging files: `ckpt-N_temp/` folders,
+(`DamagedCheckpoints`, a `UsageError`: exit 2) when none is whole. A save
+that fails (a full disk) or is killed leaves TensorFlow's staging files:
+`ckpt-N_temp/` folders,
 `checkpoint.tmp*` state files and, when the merge of the staged shards
 failed, the files of a `ckpt-N` newer than the last recorded one;
 `remove_partial_checkpoints` deletes them.
@@ -23,6 +24,23 @@ import tensorflow as tf
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import warn
+
+class DamagedCheckpoints(UsageError):
+    """Checkpoints are recorded but none reads whole.
+
+    Attributes:
+        file: the newest damaged file.
+        reason: what reading it said.
+    """
+
+    def __init__(self, directory, file, reason):
+        super().__init__(
+            f"checkpoint file {file} is corrupt ({reason}) and no earlier "
+            f"checkpoint is whole; move {directory} aside to train from the "
+            "start"
+        )
+        self.file, self.reason = file, reason
+
 
 _STEP = re.compile(r"-(\d+)$")
 _FILE_STEP = re.compile(r"^ckpt-(\d+)(?:\.index|\.data-.*|_temp)$")
@@ -91,8 +109,8 @@ def complete_checkpoint(directory, then="resuming from"):
         Its prefix, or `None` when no checkpoint is recorded.
 
     Raises:
-        UsageError: when checkpoints are recorded but none reads whole; the
-            message names the newest damaged file.
+        DamagedCheckpoints: when checkpoints are recorded but none reads
+            whole; the message names the newest damaged file.
     """
     damaged = []
     for prefix in reversed(recorded_checkpoints(directory)):
@@ -108,12 +126,7 @@ def complete_checkpoint(directory, then="resuming from"):
             return prefix
         damaged.append(problem)
     if damaged:
-        file, reason = damaged[0]
-        raise UsageError(
-            f"checkpoint file {file} is corrupt ({reason}) and no earlier "
-            f"checkpoint is whole; move {directory} aside to train from the "
-            "start"
-        )
+        raise DamagedCheckpoints(directory, *damaged[0])
     return None
 
 

@@ -19,6 +19,7 @@ import os
 from keras_attention.export import FORMATS
 from keras_attention.export import check_export_target
 from keras_attention.export import export_model
+from pipelines.checkpoint_files import DamagedCheckpoints
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.failures import writing
@@ -149,6 +150,12 @@ def _restore(run_dir):
     """The run's model; any failure to read it is a `UsageError`."""
     try:
         return restore_model(run_dir)
+    except DamagedCheckpoints as error:
+        raise UsageError(
+            f"--logdir {run_dir}: cannot restore the run's model: checkpoint "
+            f"file {error.file} is corrupt ({error.reason}) and no earlier "
+            "checkpoint is whole"
+        ) from None
     except UsageError:
         raise
     except Exception as error:  # Corrupt files fail in many ways.

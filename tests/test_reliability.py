@@ -63,6 +63,20 @@ def _environment(**changes):
     return env
 
 
+# `python -c WHEN_TOLD ARG...`: imports the command line, waits for a line
+# on stdin, then runs `keras-attention ARG...`.
+WHEN_TOLD = (
+    "import sys; from pipelines.cli import main; sys.stdin.readline(); "
+    "sys.exit(main(sys.argv[1:]))"
+)
+# `python -c IN_TURN ARGV_LISTS_JSON`: runs each command in one process;
+# prints their exit statuses.
+IN_TURN = (
+    "import json, sys; from pipelines.cli import main; "
+    "print(json.dumps([main(argv) for argv in json.loads(sys.argv[1])]))"
+)
+
+
 def _cli(argv):
     return [sys.executable, "-m", "pipelines", *argv]
 
@@ -114,6 +128,13 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
     holder = subprocess.Popen(_cli(long_run), env=_environment(),
                               stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
+    # The second process imports everything meanwhile and runs the same
+    # command when told to.
+    second = subprocess.Popen(
+        [sys.executable, "-c", WHEN_TOLD, *long_run], env=_environment(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
     try:
         deadline = time.time() + 120
         while not (logdir / "checkpoints" / "checkpoint").exists():
@@ -123,10 +144,7 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
         assert (logdir / ".lock").read_text().strip() == str(holder.pid)
         config_before = (logdir / "config.json").stat().st_mtime_ns
 
-        second = subprocess.Popen(_cli(long_run), env=_environment(),
-                                  stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        _, stderr = second.communicate(timeout=120)
+        _, stderr = second.communicate("go\n", timeout=120)
         assert second.returncode == 2
         line = _one_line(stderr)
         assert line == (
@@ -144,8 +162,9 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
     finally:
-        if holder.poll() is None:
-            holder.kill()
+        for process in (holder, second):
+            if process.poll() is None:
+                process.kill()
         holder.stderr.close()
     assert holder.returncode == -signal.SIGKILL
 
@@ -181,3 +200,179 @@ def test_a_comparison_started_twice_exits_2(tmp_path, capsys):
         "end or use another --logdir"
     )
     assert _files(logdir) == [".lock"]
+
+
+# --------------------------------------------------------- write failures
+def _assert_failed_write(result, logdir, reason):
+    """A refused write: exit 1, one line naming the last checkpoint on disk,
+    no temporary file; returns the line and that step."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith("keras-attention train: error: cannot write ")
+    assert reason in line
+    recorded = tf.train.latest_checkpoint(str(logdir / "checkpoints"))
+    assert recorded is not None, line  # These runs fail after a checkpoint.
+    step = int(recorded.rsplit("-", 1)[1])
+    assert (f"the last step safely checkpointed is {step} ({recorded}); "
+            "free space and run the same command to resume from there"
+            ) in line
+    # Only whole checkpoints up to that step are left.
+    assert _checkpoint_files(logdir) == ["checkpoint"] + sorted(
+        f"ckpt-{saved}{suffix}" for saved in range(10, step + 1, 10)
+        for suffix in (".data-00000-of-00001", ".index")
+    )
+    assert _temporaries(logdir) == []
+    assert not (logdir / "metrics.json").exists()
+    return line, step
+
+
+def _resume(config_file, logdir, reference, capfd, from_step):
+    capfd.readouterr()
+    assert main(_train(config_file, logdir)) == 0
+    assert capfd.readouterr().err == ""
+    metrics = json.loads((logdir / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == from_step
+    assert metrics["steps"] == RUN["steps"]
+    _assert_same_weights(logdir, reference)
+
+
+def test_write_failure_mid_checkpoint_then_resume_to_identical_weights(
+    tmp_path, config_file, reference, capfd
+):
+    logdir = tmp_path / "run"
+    # Files may not grow past 20 KB once ckpt-10 is saved: ckpt-20's data
+    # file (34 KB) is cut short mid-write with EFBIG.
+    result = subprocess.run(
+        [sys.executable, LIMIT_WORKER, str(CHECKPOINT_LIMIT_BYTES), "1",
+         *_train(config_file, logdir)],
+        env=_environment(), capture_output=True, text=True, timeout=300,
+    )
+    line, step = _assert_failed_write(result, logdir, "File too large")
+    assert step == 10
+    assert line.startswith(
+        "keras-attention train: error: cannot write checkpoint "
+        f"{logdir / 'checkpoints' / 'ckpt-20'}: File too large; "
+    )
+    # "Space freed": the same command without the limit.
+    _resume(config_file, logdir, reference, capfd, from_step=10)
+
+
+def test_full_tmpfs_then_resume_to_identical_weights(
+    tmp_path, config_file, reference, capfd
+):
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    # Under half of what the whole run writes (tmpfs counts whole pages):
+    # the disk fills up after the first checkpoint (at ckpt-20 here).
+    pages = sum(
+        -(-os.path.getsize(os.path.join(directory, name)) // 4096) + 1
+        for directory, _, names in os.walk(reference) for name in names
+    )
+    size = int(pages * 0.45) * 4096
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+         str(mount_point)],
+        capture_output=True, text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or "
+                    f"CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        logdir = mount_point / "run"
+        result = subprocess.run(
+            _cli(_train(config_file, logdir)), env=_environment(),
+            capture_output=True, text=True, timeout=300,
+        )
+        _, step = _assert_failed_write(result, logdir,
+                                       "No space left on device")
+        assert 10 <= step <= RUN["steps"]
+        # Space freed: the same disk, made larger.
+        subprocess.run(["mount", "-o", f"remount,size={4 * size}",
+                        str(mount_point)], check=True)
+        _resume(config_file, logdir, reference, capfd, from_step=step)
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+# ---------------------------------------------------- damaged checkpoints
+def test_a_truncated_checkpoint_falls_back_or_exits_2(
+    tmp_path, config_file, reference, capfd
+):
+    logdir = tmp_path / "run"
+    shutil.copytree(reference, logdir)
+    for name in ("metrics.json", "model.keras"):
+        (logdir / name).unlink()
+    newest = logdir / "checkpoints" / "ckpt-30.data-00000-of-00001"
+    os.truncate(newest, os.path.getsize(newest) // 2)
+
+    # export reads the run's checkpoints the same way.
+    capfd.readouterr()
+    exported = tmp_path / "exported.keras"
+    assert main(["export", "--logdir", str(logdir), "--out",
+                 str(exported)]) == 0
+    assert _one_line(capfd.readouterr().err) == (
+        f"keras-attention: warning: checkpoint file {newest} is corrupt "
+        "(Read less bytes than requested); exporting ckpt-20, step 20"
+    )
+    assert exported.exists()
+
+    # train resumes from ckpt-20 and ends where the uninterrupted run did.
+    assert main(_train(config_file, logdir)) == 0
+    assert _one_line(capfd.readouterr().err) == (
+        f"keras-attention: warning: checkpoint file {newest} is corrupt "
+        "(Read less bytes than requested); resuming from ckpt-20, step 20"
+    )
+    metrics = json.loads((logdir / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 20
+    _assert_same_weights(logdir, reference)
+
+    # No whole checkpoint at all: exit 2 naming the newest file, nothing
+    # written (the lock file records the pid of each start).
+    for step in (10, 20, 30):
+        data = logdir / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
+        os.truncate(data, 100)
+    (logdir / "metrics.json").unlink()
+    before = {path: os.stat(logdir / path).st_mtime_ns
+              for path in _files(logdir) if path != ".lock"}
+    assert main(_train(config_file, logdir)) == 2
+    line = _one_line(capfd.readouterr().err)
+    assert line.startswith(
+        f"keras-attention train: error: checkpoint file {newest} is corrupt ("
+    )
+    assert line.endswith(
+        "and no earlier checkpoint is whole; move "
+        f"{logdir / 'checkpoints'} aside to train from the start"
+    )
+    assert {path: os.stat(logdir / path).st_mtime_ns
+            for path in _files(logdir) if path != ".lock"} == before
+
+
+# ------------------------------------------------------------ quiet stderr
+def test_normal_commands_print_nothing_on_stderr(tmp_path, config_file):
+    # As a user runs them: TensorFlow's log level not set beforehand.
+    env = _environment()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("KERAS_ATTENTION_TF_LOGS", None)
+    logdir = tmp_path / "run"
+    commands = [
+        _train(config_file, logdir),
+        _train(config_file, logdir),  # A finished run: events read back.
+        ["export", "--logdir", str(logdir), "--out",
+         str(tmp_path / "saved_model")],
+        ["compare", "--arms", "scaled", "--key-dims", "16",
+         "--seeds", "1", "--steps", "10", "--d-model", "16",
+         "--num-pairs", "4", "--num-keys", "8", "--num-values", "4",
+         "--eval-every", "10", "--diagnostics-every", "10",
+         "--checkpoint-every", "10", "--batch-size", "16",
+         "--heldout-size", "64", "--probe-size", "8",
+         "--variance-samples", "0", "--logdir", str(tmp_path / "compare")],
+    ]
+    # One process for all (TensorFlow starts once: ~5 s a process saved);
+    # its start-up is the start-up of the first command.
+    result = subprocess.run(
+        [sys.executable, "-c", IN_TURN, json.dumps(commands)], env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [0] * len(commands)
+    assert result.stderr == "", result.stderr[-3000:]
