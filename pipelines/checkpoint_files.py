@@ -11,7 +11,8 @@ that fails (a full disk) or is killed leaves TensorFlow's staging files:
 `ckpt-N_temp/` folders,
 `checkpoint.tmp*` state files and, when the merge of the staged shards
 failed, the files of a `ckpt-N` newer than the last recorded one;
-`remove_partial_checkpoints` deletes them.
+`remove_partial_checkpoints` deletes them, and `forget_checkpoints_after`
+drops damaged checkpoints from the record once a run resumes before them.
 """
 
 import glob
@@ -20,10 +21,15 @@ import re
 import shutil
 
 import tensorflow as tf
+from google.protobuf import text_format
 
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import warn
+from pipelines.common import write_text_atomic
+
+# TensorFlow's record of a directory's checkpoints.
+STATE_FILE = "checkpoint"
 
 class DamagedCheckpoints(UsageError):
     """Checkpoints are recorded but none reads whole.
@@ -59,7 +65,7 @@ def recorded_checkpoints(directory):
         state = tf.train.get_checkpoint_state(directory)
     except ValueError as error:  # A state file that names no checkpoint.
         raise UsageError(
-            f"{os.path.join(directory, 'checkpoint')} is corrupt "
+            f"{os.path.join(directory, STATE_FILE)} is corrupt "
             f"({one_line(error)}); move {directory} aside to train from the "
             "start"
         ) from None
@@ -130,6 +136,39 @@ def complete_checkpoint(directory, then="resuming from"):
     return None
 
 
+def forget_checkpoints_after(directory, prefix):
+    """Makes `prefix` the newest checkpoint recorded in `directory`.
+
+    After `complete_checkpoint` skipped damaged checkpoints, the run resumes
+    from `prefix`; the state file must not go on naming the damaged ones as
+    the last safe step. Rewrites the state file (atomically, with the kept
+    checkpoints' timestamps, which `CheckpointManager` needs to delete old
+    checkpoints later) and removes the damaged files. Does nothing when
+    `prefix` is already the newest.
+    """
+    recorded = recorded_checkpoints(directory)
+    if not recorded or recorded[-1] == prefix:
+        return
+    state = tf.train.get_checkpoint_state(directory)
+    step = checkpoint_step(prefix)
+    kept = [index for index, path in enumerate(state.all_model_checkpoint_paths)
+            if checkpoint_step(path) <= step]
+    paths = [os.path.basename(state.all_model_checkpoint_paths[index])
+             for index in kept]
+    timestamps = list(state.all_model_checkpoint_timestamps)
+    timestamps = ([timestamps[index] for index in kept]
+                  if len(timestamps) == len(state.all_model_checkpoint_paths)
+                  else [])
+    state.model_checkpoint_path = os.path.basename(prefix)
+    del state.all_model_checkpoint_paths[:]
+    state.all_model_checkpoint_paths.extend(paths)
+    del state.all_model_checkpoint_timestamps[:]
+    state.all_model_checkpoint_timestamps.extend(timestamps)
+    write_text_atomic(os.path.join(directory, STATE_FILE),
+                      text_format.MessageToString(state))
+    remove_partial_checkpoints(directory)
+
+
 def remove_partial_checkpoints(directory):
     """Deletes what failed or killed saves left in `directory`: staging
     folders, temporary state files and the files of checkpoints newer than
@@ -141,7 +180,7 @@ def remove_partial_checkpoints(directory):
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
         match = _FILE_STEP.match(name)
-        partial = name.startswith("checkpoint.tmp") or (
+        partial = name.startswith(STATE_FILE + ".tmp") or (
             match is not None
             and (name.endswith("_temp") or int(match.group(1)) > last)
         )

@@ -30,6 +30,7 @@ import tensorflow as tf
 from keras_attention.files import atomic_path
 from pipelines.builders import build_model
 from pipelines.checkpoint_files import complete_checkpoint
+from pipelines.checkpoint_files import forget_checkpoints_after
 from pipelines.checkpoint_files import last_checkpointed_step
 from pipelines.checkpoint_files import remove_partial_checkpoints
 from pipelines.common import EnvironmentFailure
@@ -201,6 +202,8 @@ class Checkpoints:
         latest = complete_checkpoint(directory)
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
+            if chief:
+                forget_checkpoints_after(directory, latest)
         self.start_step = int(self.step.numpy())
         self.scratch = None if chief else tempfile.mkdtemp(
             prefix="keras-attention-worker-"

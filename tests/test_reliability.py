@@ -101,6 +101,13 @@ def _files(root):
     )
 
 
+def _mtimes(root):
+    """`{path: mtime}` under `root`, but the lock file (each start records
+    its pid there)."""
+    return {path: os.stat(os.path.join(root, path)).st_mtime_ns
+            for path in _files(root) if path != ".lock"}
+
+
 def _temporaries(root):
     return [path for path in _files(root)
             if any(mark in os.path.basename(path) for mark in TEMPORARY_MARKS)]
@@ -173,6 +180,12 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
     # setting, may change: ten more steps are enough).
     killed_at = int(tf.train.latest_checkpoint(
         str(logdir / "checkpoints")).rsplit("-", 1)[1])
+    # What a kill in the middle of a save leaves (TensorFlow's staging
+    # names) is cleared by the next start.
+    staged = logdir / "checkpoints" / f"ckpt-{killed_at + 10}_temp"
+    staged.mkdir()
+    (staged / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+    (logdir / "checkpoints" / "checkpoint.tmp0123abcd").write_text("x")
     capfd.readouterr()
     assert main(_train(config_file, logdir, "--steps",
                        str(killed_at + 10))) == 0
@@ -180,6 +193,7 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
     metrics = json.loads((logdir / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == killed_at > 0
     assert (logdir / ".lock").read_text().strip() == str(os.getpid())
+    assert _temporaries(logdir) == []
 
 
 def test_a_comparison_started_twice_exits_2(tmp_path, capsys):
@@ -305,9 +319,10 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
     newest = logdir / "checkpoints" / "ckpt-30.data-00000-of-00001"
     os.truncate(newest, os.path.getsize(newest) // 2)
 
-    # export reads the run's checkpoints the same way.
+    # export reads the run's checkpoints the same way, and changes nothing.
     capfd.readouterr()
     exported = tmp_path / "exported.keras"
+    before = _mtimes(logdir)
     assert main(["export", "--logdir", str(logdir), "--out",
                  str(exported)]) == 0
     assert _one_line(capfd.readouterr().err) == (
@@ -315,13 +330,31 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
         "(Read less bytes than requested); exporting ckpt-20, step 20"
     )
     assert exported.exists()
+    assert _mtimes(logdir) == before
 
-    # train resumes from ckpt-20 and ends where the uninterrupted run did.
-    assert main(_train(config_file, logdir)) == 0
-    assert _one_line(capfd.readouterr().err) == (
-        f"keras-attention: warning: checkpoint file {newest} is corrupt "
-        "(Read less bytes than requested); resuming from ckpt-20, step 20"
+    # train resumes from ckpt-20; here its disk is full at once, and the
+    # damaged ckpt-30 is not called safe.
+    result = subprocess.run(
+        [sys.executable, LIMIT_WORKER, str(CHECKPOINT_LIMIT_BYTES), "0",
+         *_train(config_file, logdir)],
+        env=_environment(), capture_output=True, text=True, timeout=300,
     )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"keras-attention: warning: checkpoint file {newest} is corrupt "
+        "(Read less bytes than requested); resuming from ckpt-20, step 20",
+        "keras-attention train: error: cannot write checkpoint "
+        f"{logdir / 'checkpoints' / 'ckpt-30'}: File too large; the last "
+        "step safely checkpointed is 20 "
+        f"({logdir / 'checkpoints' / 'ckpt-20'}); free space and run the "
+        "same command to resume from there",
+    ]
+    assert _temporaries(logdir) == []
+    # With space, the same command resumes from ckpt-20 (the damaged
+    # checkpoint is forgotten: no second warning) and ends where the
+    # uninterrupted run did.
+    assert main(_train(config_file, logdir)) == 0
+    assert capfd.readouterr().err == ""
     metrics = json.loads((logdir / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 20
     _assert_same_weights(logdir, reference)
@@ -332,8 +365,7 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
         data = logdir / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
         os.truncate(data, 100)
     (logdir / "metrics.json").unlink()
-    before = {path: os.stat(logdir / path).st_mtime_ns
-              for path in _files(logdir) if path != ".lock"}
+    before = _mtimes(logdir)
     assert main(_train(config_file, logdir)) == 2
     line = _one_line(capfd.readouterr().err)
     assert line.startswith(
@@ -343,8 +375,7 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
         "and no earlier checkpoint is whole; move "
         f"{logdir / 'checkpoints'} aside to train from the start"
     )
-    assert {path: os.stat(logdir / path).st_mtime_ns
-            for path in _files(logdir) if path != ".lock"} == before
+    assert _mtimes(logdir) == before
 
 
 # ------------------------------------------------------------ quiet stderr
