@@ -44,8 +44,8 @@ them in the HParams dashboard.
 
 The package (floor 3, pipelines): arms, plan, runner, claims, tensorboard,
 measure, formats, verdicts and report, each importing only those before it;
-they may import keras_attention, pipelines.common, config, locks, failures,
-train and variance, never pipelines.cli.
+they may import keras_attention, pipelines.common, config, train and
+variance, never pipelines.cli.
 """
 
 import os
@@ -111,6 +111,7 @@ def compare(plan, log=print):
 
 def _compare(plan, log):
     started = time.time()
+    os.makedirs(plan.logdir, exist_ok=True)
     trained_now = train_runs(plan, log=log)
     results = collect(plan, log=log)
     variance_rows = (
