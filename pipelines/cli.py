@@ -8,7 +8,8 @@
 
 Each subcommand lives in its own pipeline module, which provides
 `add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
-2 and one line on stderr, before any work starts. This is floor 4, the top:
+2 and one line on stderr, before any work starts; an environment failure (a
+full disk, an unwritable file) exits 1 with one line. This is floor 4, the top:
 it may import every pipeline, and nothing imports it but `__main__`.
 """
 
@@ -52,6 +53,7 @@ from pipelines import export  # noqa: E402
 from pipelines import sweep  # noqa: E402
 from pipelines import train  # noqa: E402
 from pipelines import variance  # noqa: E402
+from pipelines.common import EnvironmentFailure  # noqa: E402
 from pipelines.common import OneLineErrorParser  # noqa: E402
 from pipelines.common import UsageError  # noqa: E402
 
@@ -97,6 +99,10 @@ def main(argv=None):
     except UsageError as error:
         print(f"keras-attention {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except EnvironmentFailure as error:
+        # A full disk or a busy machine: one line, no traceback.
+        print(f"keras-attention {args.command}: error: {error}", file=sys.stderr)
+        return 1
     return 0 if status is None else int(status)
 
 

@@ -1,4 +1,5 @@
-"""What every pipeline shares: usage errors, safe writes, JSON, flag parsing.
+"""What every pipeline shares: usage and environment errors, safe writes,
+JSON, flag parsing.
 
 Nothing here imports another pipeline module; every pipeline may import it.
 """
@@ -6,6 +7,7 @@ Nothing here imports another pipeline module; every pipeline may import it.
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -14,6 +16,36 @@ from keras_attention.files import atomic_path
 
 class UsageError(ValueError):
     """Bad flags or config values; the command line reports it and exits 2."""
+
+
+class EnvironmentFailure(Exception):
+    """The machine, not the input, stopped the command (a full disk, an
+    unwritable file); the command line reports it on one line and exits 1."""
+
+
+class WriteFailure(EnvironmentFailure):
+    """A file or directory could not be written.
+
+    Args:
+        what: what could not be written (a path, or words naming it).
+        reason: why, as the system said it (`"No space left on device"`).
+    """
+
+    def __init__(self, what, reason):
+        super().__init__(f"cannot write {what}: {reason}")
+        self.what, self.reason = what, reason
+
+
+def one_line(error, limit=200):
+    """An exception's message on one line of at most `limit` characters (its
+    type's name when it has none)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def warn(message):
+    """Prints a warning of the command line on one line of stderr."""
+    print(f"keras-attention: warning: {message}", file=sys.stderr, flush=True)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -42,17 +74,20 @@ def to_jsonable(value):
 
 # ---------------------------------------------------------------- writes
 def write_text_atomic(path, text):
-    """Writes `text` to `path` through `atomic_path`."""
-    with atomic_path(path) as temporary:
-        with open(temporary, "w") as handle:
-            handle.write(text)
+    """Writes `text` to `path` through `atomic_path`; `WriteFailure` when
+    the system refuses (the previous file, if any, is left as it was)."""
+    write_bytes_atomic(path, text.encode())
 
 
 def write_bytes_atomic(path, data):
-    """Writes `data` (bytes) to `path` through `atomic_path`."""
-    with atomic_path(path) as temporary:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
+    """Writes `data` (bytes) to `path` through `atomic_path`; `WriteFailure`
+    when the system refuses (the previous file, if any, is left as it was)."""
+    try:
+        with atomic_path(path) as temporary:
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+    except OSError as error:
+        raise WriteFailure(path, error.strerror or str(error)) from None
 
 
 def write_json_atomic(path, data):

@@ -19,7 +19,10 @@ import os
 from keras_attention.export import FORMATS
 from keras_attention.export import check_export_target
 from keras_attention.export import export_model
+from pipelines.checkpoint_files import DamagedCheckpoints
 from pipelines.common import UsageError
+from pipelines.common import one_line
+from pipelines.failures import writing
 from pipelines.run_dir import restore_model
 
 _SUFFIX_FORMATS = {".keras": "keras", ".tflite": "tflite"}
@@ -120,6 +123,8 @@ def export_run(run_dir, path, format=None, overwrite=False):
         UsageError: on a missing or corrupt run directory, an unknown
             format, or a `path` that exists (without `overwrite`) or cannot
             be written. Nothing is written then.
+        WriteFailure: when the system refuses the export's writes (a full
+            disk); nothing is left at or beside `path`.
 
     Example:
 
@@ -132,7 +137,10 @@ def export_run(run_dir, path, format=None, overwrite=False):
         raise UsageError(f"--logdir {run_dir} is not a directory")
     model = _restore(run_dir)
     try:
-        written = export_model(model, path, format=format, overwrite=overwrite)
+        # The export is staged beside `path`; a refused write removes it.
+        with writing(f"the export {os.path.abspath(path)}"):
+            written = export_model(model, path, format=format,
+                                   overwrite=overwrite)
     except ValueError as error:
         raise UsageError(_command_line_wording(error)) from None
     return written, format
@@ -142,15 +150,18 @@ def _restore(run_dir):
     """The run's model; any failure to read it is a `UsageError`."""
     try:
         return restore_model(run_dir)
+    except DamagedCheckpoints as error:
+        raise UsageError(
+            f"--logdir {run_dir}: cannot restore the run's model: checkpoint "
+            f"file {error.file} is corrupt ({error.reason}) and no earlier "
+            "checkpoint is whole"
+        ) from None
     except UsageError:
         raise
     except Exception as error:  # Corrupt files fail in many ways.
-        reason = " ".join(str(error).split()) or type(error).__name__
-        if len(reason) > 200:
-            reason = reason[:197] + "..."
         raise UsageError(
             f"--logdir {run_dir}: cannot restore the run's model "
-            f"({type(error).__name__}: {reason})"
+            f"({type(error).__name__}: {one_line(error)})"
         ) from None
 
 

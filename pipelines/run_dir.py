@@ -6,12 +6,18 @@
     DIR/checkpoints/    tf.train checkpoints (`CHECKPOINT_DIR`)
     DIR/train/, eval/   event files (`TRAIN_LOGS`, `EVAL_LOGS`)
 
-`Checkpoints` saves and restores a run's checkpoints;
-`config_mismatch(run_dir, config)` is the one comparison of a stored config
-with a wanted one (train refuses to resume a different run, compare to reuse
-one); `restore_model(run_dir)` gives the trained model back.
+    DIR/.lock           held by the one process writing the run (`locks`)
+
+`Checkpoints` saves and restores a run's checkpoints (the newest whole one:
+see `checkpoint_files`); `config_mismatch(run_dir, config)` is the one
+comparison of a stored config with a wanted one (train refuses to resume a
+different run, compare to reuse one); `restore_model(run_dir)` gives the
+trained model back. `writing_run(logdir, chief)` is the frame of every
+training run: the directory's lock, and a refused write reported as one
+line with the last step that is safely checkpointed.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,9 +29,17 @@ import tensorflow as tf
 
 from keras_attention.files import atomic_path
 from pipelines.builders import build_model
+from pipelines.checkpoint_files import complete_checkpoint
+from pipelines.checkpoint_files import forget_checkpoints_after
+from pipelines.checkpoint_files import last_checkpointed_step
+from pipelines.checkpoint_files import remove_partial_checkpoints
+from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
+from pipelines.common import WriteFailure
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
+from pipelines.failures import writing
+from pipelines.locks import run_directory_lock
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"
@@ -167,10 +181,13 @@ class Checkpoints:
         chief: whether this process writes the run.
 
     Attributes:
-        start_step: the step of the latest checkpoint (0 for none).
+        start_step: the step of the newest whole checkpoint (0 for none).
 
     Non-chief workers save too (saving may need every worker) but into a
     scratch directory, as TensorFlow's multi-worker convention has it.
+
+    Raises:
+        UsageError: when checkpoints are recorded but none reads whole.
     """
 
     def __init__(self, logdir, model, optimizer, chief):
@@ -180,9 +197,13 @@ class Checkpoints:
             step=self.step,
         )
         directory = os.path.join(logdir, CHECKPOINT_DIR)
-        latest = tf.train.latest_checkpoint(directory)
+        if chief:
+            remove_partial_checkpoints(directory)  # Left by a killed save.
+        latest = complete_checkpoint(directory)
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
+            if chief:
+                forget_checkpoints_after(directory, latest)
         self.start_step = int(self.step.numpy())
         self.scratch = None if chief else tempfile.mkdtemp(
             prefix="keras-attention-worker-"
@@ -198,7 +219,9 @@ class Checkpoints:
         # its step is on disk.
         for writer in writers:
             writer.flush()
-        self.manager.save(checkpoint_number=step)
+        prefix = os.path.join(self.manager.directory, f"ckpt-{step}")
+        with writing(f"checkpoint {prefix}"):
+            self.manager.save(checkpoint_number=step)
 
     def close(self):
         """Removes a non-chief worker's scratch directory."""
@@ -208,9 +231,46 @@ class Checkpoints:
 
 def save_model(model, path):
     """`model.save(path)`, atomically: a crash leaves the previous file (or
-    none), never half of one."""
-    with atomic_path(path) as temporary:
+    none), never half of one; `WriteFailure` when the system refuses."""
+    with writing(path), atomic_path(path) as temporary:
         model.save(temporary, overwrite=True)
+
+
+@contextlib.contextmanager
+def writing_run(logdir, chief):
+    """The frame of a training run that writes `logdir`.
+
+    The chief holds the directory's lock (`locks.run_directory_lock`) for
+    the whole block. A write the system refuses (full disk, unwritable
+    file) ends the block with an `EnvironmentFailure` whose one line says
+    what could not be written and the last step safely checkpointed; the
+    partial checkpoint files of the failed save are removed first, so the
+    same command resumes from that step once there is space.
+
+    Raises:
+        RunDirectoryBusy: when another process holds `logdir`.
+        EnvironmentFailure: on a refused write.
+    """
+    with contextlib.ExitStack() as stack:
+        if chief:
+            stack.enter_context(run_directory_lock(logdir))
+        try:
+            with writing():
+                yield
+        except WriteFailure as failure:
+            directory = os.path.join(logdir, CHECKPOINT_DIR)
+            if chief:
+                remove_partial_checkpoints(directory)
+            step = last_checkpointed_step(directory)
+            where = (
+                f"the last step safely checkpointed is {step} "
+                f"({os.path.join(directory, f'ckpt-{step}')}); free space "
+                "and run the same command to resume from there"
+                if step is not None else
+                "no step is checkpointed yet; free space and run the same "
+                "command to start again"
+            )
+            raise EnvironmentFailure(f"{failure}; {where}") from None
 
 
 def restore_model(run_dir):
@@ -232,7 +292,8 @@ def restore_model(run_dir):
     if os.path.exists(model_path):
         return keras.saving.load_model(model_path)
     config_path = os.path.join(run_dir, CONFIG_FILE)
-    latest = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINT_DIR))
+    latest = complete_checkpoint(os.path.join(run_dir, CHECKPOINT_DIR),
+                                 then="exporting")
     if not os.path.exists(config_path) or latest is None:
         raise UsageError(
             f"{run_dir} holds no trained run ({MODEL_FILE}, or {CONFIG_FILE} "

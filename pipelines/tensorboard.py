@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_file_loader import (
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.util.tensor_util import make_ndarray
 
+from pipelines.failures import writing
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import TRAIN_LOGS
 
@@ -85,6 +86,7 @@ class LogWriter:
     """
 
     def __init__(self, directory, is_chief):
+        self.directory = directory
         self.previous = read_event_scalars(directory) if is_chief else {}
         self.last_logged = last_logged_step(self.previous)
         self.writer = (
@@ -100,16 +102,23 @@ class LogWriter:
     def scalars(self, values, step):
         """Logs `{tag: value}` at `step`, each tag only past its last step
         logged before (a kill can land between two tags of one step)."""
-        with self.writer.as_default():
+        with self._writing(), self.writer.as_default():
             for tag, value in values.items():
                 if step > max(self.previous.get(tag, {-1: None})):
                     tf.summary.scalar(tag, value, step=step)
 
     def flush(self):
-        self.writer.flush()
+        with self._writing():
+            self.writer.flush()
 
     def close(self):
-        self.writer.close()
+        with self._writing():
+            self.writer.close()
+
+    def _writing(self):
+        # The event writer raises a refused write from whichever call
+        # empties its queue (a scalar, a flush): all of them are guarded.
+        return writing(f"the event file in {self.directory}")
 
 
 class RunLogs(NamedTuple):

@@ -22,10 +22,11 @@ One training step serves every distribution strategy (see
 `pipelines.steps`). Diagnostics run eagerly on a host copy of the model,
 outside compiled code, on the chief only.
 
-A run killed at any point and started again with the same command resumes
-from its last checkpoint: the data stream is a pure function of
-`(seed, step)`, so the resumed run sees the batches the killed one would
-have seen, and steps the killed run already logged are not logged again.
+A run killed at any point, or stopped by a full disk, and started again
+with the same command resumes from its last whole checkpoint: the data
+stream is a pure function of `(seed, step)`, so the resumed run sees the
+batches the killed one would have seen, and steps the killed run already
+logged are not logged again. One process at a time writes a run directory.
 """
 
 import dataclasses
@@ -59,6 +60,7 @@ from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
 from pipelines.run_dir import save_model
+from pipelines.run_dir import writing_run
 from pipelines.steps import build_parts
 from pipelines.steps import eval_batch_size
 from pipelines.steps import make_diagnose
@@ -121,8 +123,10 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
         `return_model=True` the tuple `(metrics, model)`.
 
     Raises:
-        UsageError: on bad settings, a logdir holding another run, or a
-            taken or unwritable `--export` path, before anything is written.
+        UsageError: on bad settings, a logdir holding another run or locked
+            by another process, or a taken or unwritable `--export` path,
+            before anything is written; on damaged checkpoints only.
+        EnvironmentFailure: a refused write (`run_dir.writing_run`).
 
     Example:
 
@@ -155,9 +159,10 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
     previous_policy = keras.config.dtype_policy()
     try:
         keras.config.set_dtype_policy(config.precision)
-        metrics, model = _train(
-            config, strategy, chief, start_time, hparams_experiment, reuse
-        )
+        with writing_run(config.logdir, chief):
+            metrics, model = _train(
+                config, strategy, chief, start_time, hparams_experiment, reuse
+            )
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics

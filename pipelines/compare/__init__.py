@@ -89,7 +89,9 @@ from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
 from pipelines.compare.tensorboard import write_experiment
 from pipelines.compare.verdicts import status_word
+from pipelines.failures import writing
 from pipelines.flags import add_train_arguments
+from pipelines.locks import run_directory_lock
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
@@ -114,7 +116,18 @@ def compare(plan, log=print):
 
     Returns:
         The `comparison.json` document (a dict).
+
+    Raises:
+        RunDirectoryBusy: when another process holds `plan.logdir`.
+        EnvironmentFailure: when a write is refused.
     """
+    # One comparison per logdir at a time (each run also locks its own
+    # directory); a refused write is one line (`failures.writing`).
+    with run_directory_lock(plan.logdir), writing():
+        return _compare(plan, log)
+
+
+def _compare(plan, log):
     started = time.time()
     os.makedirs(plan.logdir, exist_ok=True)
     trained_now = train_runs(plan, log=log)

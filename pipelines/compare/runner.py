@@ -12,6 +12,7 @@ import time
 
 import keras
 
+from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.run_dir import config_mismatch
@@ -109,14 +110,17 @@ def _train_in_subprocesses(specs, jobs, logdir, report):
             if returncode != 0 and metrics is None:
                 with open(log_path) as handle:
                     failures.append(
-                        (spec.name, handle.read()[-_LOG_TAIL_CHARS:])
+                        (spec.name, log_path, handle.read()[-_LOG_TAIL_CHARS:])
                     )
             report(spec, metrics, seconds)
     if failures:
-        name, tail = failures[0]
-        raise RuntimeError(
-            f"{len(failures)} run(s) failed; the first, {name}, ended "
-            f"with:\n{tail}"
+        # One line: the run's own last line (its error, see `__main__`);
+        # the whole output stays in its log.
+        name, log_path, tail = failures[0]
+        last = (tail.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentFailure(
+            f"{len(failures)} run(s) failed; the first, {name}, ended with: "
+            f"{last} (its output: {log_path})"
         )
     shutil.rmtree(pending_dir, ignore_errors=True)
 
