@@ -7,6 +7,7 @@ Imports no project module and no framework, so a test can use it as well.
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +23,6 @@ CHROMIUM_FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu",
     "--disable-dev-shm-usage", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
-    "--window-size=1400,1000",
 )
 
 
@@ -31,18 +31,21 @@ def have_chromium():
     return os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
 
 
-def chromium(downloads=None):
-    """A selenium driver of headless Chromium with a fresh profile;
-    downloads go to `downloads` when given."""
+def chromium(downloads=None, window_size=(1400, 1000), offline=False):
+    """A selenium driver of headless Chromium with a fresh profile (removed
+    when the driver quits); downloads go to `downloads` when given, and
+    `offline=True` cuts the page off the network (a self-contained page must
+    render without it)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
-    options.add_argument(
-        f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-profile-')}")
+    options.add_argument(f"--window-size={window_size[0]},{window_size[1]}")
+    options.add_argument(f"--user-data-dir={profile}")
     if downloads is not None:
         options.add_experimental_option("prefs", {
             "download.default_directory": str(downloads),
@@ -50,7 +53,19 @@ def chromium(downloads=None):
             # Else a page's second download waits for a permission prompt.
             "profile.default_content_setting_values.automatic_downloads": 1,
         })
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    quit_driver = driver.quit
+
+    def quit_and_clean():
+        quit_driver()
+        shutil.rmtree(profile, ignore_errors=True)
+
+    driver.quit = quit_and_clean
+    if offline:
+        driver.set_network_conditions(offline=True, latency=0,
+                                      download_throughput=0,
+                                      upload_throughput=0)
+    return driver
 
 
 def start_tensorboard(logdir, runs, stderr=subprocess.DEVNULL, timeout=120):

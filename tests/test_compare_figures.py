@@ -22,7 +22,7 @@ from tensorboard import context as tb_context
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.custom_scalar import custom_scalars_plugin
 
-from _browser import chromium
+from _pages import chromium
 from pipelines import cli
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from _browser import chromium
+from _pages import chromium
 from keras_attention.tasks import make_task
 from keras_attention.viz import AttentionHTML
 from keras_attention.viz import attention_html
