@@ -44,6 +44,8 @@ Usage:
 
     python scripts/bench_train.py                       # recall, ~3 min
     python scripts/bench_train.py --task sort --steps 400 --jit on
+    # the diagnostics' cost at the comparison's settings and interval:
+    python scripts/bench_train.py --compare-preset default --key-dim 1024 --scale none
 
 Bad arguments exit with status 2 and one line on stderr.
 """
@@ -63,11 +65,11 @@ from _bench import tf
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.embeddings import PositionEmbedding
 from pipelines.builders import build_optimizer
+from pipelines.compare.arms import PRESETS as COMPARE_PRESETS
+from pipelines.config import TrainConfig
 
 PROG = "bench_train.py"
 TASKS = ("recall", "reverse", "sort", "copy")
-# The trainer's default diagnostics interval (`TrainConfig.diagnostics_every`).
-DEFAULT_DIAGNOSTICS_EVERY = 250
 # Goals of the benchmark.
 GOAL_RATIO = 1.0
 GOAL_DIAGNOSTICS_OVERHEAD = 0.05
@@ -95,6 +97,15 @@ def parse_args(argv=None):
     parser.add_argument("--jit", choices=("on", "off"), default="off",
                         help="XLA for both trainers (default off, the "
                         "trainer's choice on a CPU)")
+    add_flag(parser, "--key-dim", None, "d_k (default: the task's)")
+    parser.add_argument("--scale", choices=("sqrt", "none", "inverse"),
+                        help="score scale (default: the task's)")
+    add_flag(parser, "--diagnostics-every", TrainConfig.diagnostics_every,
+             "interval of the diagnostics whose cost is measured (default: "
+             "the trainer's, %(default)s)")
+    parser.add_argument("--compare-preset", choices=tuple(COMPARE_PRESETS),
+                        help="train with a comparison preset's settings "
+                        "(its model, jit, intervals) under the flags above")
     add_flag(parser, "--matmul-size", 2048,
              "n of the n x n float32 matmul that measures the machine "
              "(default 2048)")
@@ -212,8 +223,14 @@ def bench_settings(args):
     """The settings the benchmark trains with, over the defaults."""
     settings = dict(task=args.task, steps=args.steps, jit_compile=args.jit,
                     strategy="default", precision="float32")
+    if args.compare_preset:
+        preset = dict(COMPARE_PRESETS[args.compare_preset].train)
+        args.diagnostics_every = preset.pop("diagnostics_every")
+        settings = {**preset, **dict(steps=args.steps, strategy="default",
+                                     precision="float32")}
     for flag, name in (("batch_size", "batch_size"), ("d_model", "d_model"),
-                       ("layers", "num_layers")):
+                       ("layers", "num_layers"), ("key_dim", "key_dim"),
+                       ("scale", "scale")):
         if getattr(args, flag) is not None:
             settings[name] = getattr(args, flag)
     return settings
@@ -247,7 +264,7 @@ def main(argv=None):
     variants = {
         "ours": lambda: run_trainer(config, args.warmup),
         "ours + diagnostics": lambda: run_trainer(
-            config, args.warmup, diagnostics_every=DEFAULT_DIAGNOSTICS_EVERY),
+            config, args.warmup, diagnostics_every=args.diagnostics_every),
         "ours, in-memory data": lambda: run_trainer(
             config, args.warmup, synthetic=True),
         "plain fit (MHA)": lambda: (
@@ -293,12 +310,12 @@ def main(argv=None):
     # their cost is the time of one call against the steps between calls.
     step_time = 1.0 / results["ours"]
     diag_call = statistics.median(diag_times)
-    every = DEFAULT_DIAGNOSTICS_EVERY
+    every = args.diagnostics_every
     overhead = diag_call / (every * step_time + diag_call)
     step_change = results["ours + diagnostics"] / results["ours"] - 1.0
     print()
     print(_table(
-        ["diagnostics (default diagnostics_every)", "value"],
+        [f"diagnostics (every {every} steps)", "value"],
         [
             ["seconds per call (median of calls after a run's first)",
              f"{diag_call:.3f} ({len(diag_times)} calls)"],
