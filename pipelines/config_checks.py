@@ -27,7 +27,8 @@ from pipelines.common import check_writable_directory
 # (a task option the task does not take, or an optional size).
 _POSITIVE_INTS = (
     "d_model", "num_layers", "key_dim", "num_heads", "batch_size", "steps",
-    "eval_every", "diagnostics_every", "checkpoint_every", "log_every",
+    "eval_every", "diagnostics_every", "heatmap_every", "checkpoint_every",
+    "log_every",
     "heldout_size", "probe_size",
 )
 _OPTIONAL_POSITIVE_INTS = (

@@ -170,6 +170,8 @@ def add_train_arguments(parser):
          "{default})")
     _add(loop, "diagnostics_every", help="attention diagnostics interval "
          "(default: {default})")
+    _add(loop, "heatmap_every", help="interval of the heat-map images among "
+         "the diagnostics (default: {default})")
     _add(loop, "checkpoint_every", help="checkpoint interval (default: "
          "{default})")
     _add(loop, "log_every", help="train scalars and progress interval "

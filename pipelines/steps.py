@@ -249,10 +249,15 @@ def make_eval_step(model, strategy):
     return eval_step
 
 
+# Probe examples drawn in the Images tab's heat maps.
+MAX_IMAGES = 3
+
+
 def make_diagnose(host_model, model, probe, writer, task=None,
                   probe_host_model=None):
-    """`diagnose(step)`: the diagnostics of the current weights on the probe
-    batch, logged to `writer` and returned as their JSON record.
+    """`diagnose(step, images=True)`: the diagnostics of the current weights
+    on the probe batch, logged to `writer` (with the Images tab's heat maps
+    when `images`) and returned as their JSON record.
 
     With the `task`, it also writes the Attention dashboard's summary of
     the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
@@ -267,13 +272,14 @@ def make_diagnose(host_model, model, probe, writer, task=None,
     # The Images tab's heat maps carry the same token labels.
     labels = None if task is None else task.token_labels(np.asarray(probe[0]))
 
-    def diagnose(step):
+    def diagnose(step, images=True):
         host_model.set_weights(model.get_weights())
         diagnostics = probe_host_model(*probe)
         if writer.wants(step):
             if write_maps is not None:
                 write_maps(step, writer.writer)
             write_diagnostics(diagnostics, step, writer.writer,
+                              max_images=MAX_IMAGES if images else 0,
                               query_labels=labels)
         return diagnostics_record(diagnostics)
 

@@ -249,7 +249,8 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
                 ("heldout_accuracy", round(progress.heldout_accuracy, 4))
             ])
         if chief and _due(step, config.diagnostics_every, steps):
-            progress.diagnostics_final = diagnose(step)
+            progress.diagnostics_final = diagnose(
+                step, images=_due(step, config.heatmap_every, steps))
         if _due(step, config.checkpoint_every, steps):
             checkpoints.save(step, logs)
         clock.pause(time.time() - pause_start)
