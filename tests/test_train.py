@@ -306,12 +306,14 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
         "attention/attention_0/entropy/head0",
         "attention/attention_0/max_weight/head0",
         "attention/attention_0/saturated_fraction/head0",
-        "attention/attention_0/heatmap/head0",
         "gradients/attention_0/query_kernel",
         "gradients/attention_0/key_kernel",
         "gradients/attention_0/value_kernel",
     ):
         assert sorted(eval_tags[tag]) == [0, 10, 20], tag
+    # The Images tab's heat maps come every heatmap_every steps (250 by
+    # default) among the diagnostics steps, and at step 0 and the last.
+    assert sorted(eval_tags["attention/attention_0/heatmap/head0"]) == [0, 20]
     assert all(
         tag.startswith(("attention/", "gradients/"))
         for tag in eval_tags
@@ -478,3 +480,15 @@ def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
     train_killed = read_event_scalars(str(killed_dir / "train"))["loss"]
     for step, value in train_clean.items():
         assert train_killed[step] == pytest.approx(value, rel=1e-6)
+
+
+def test_heatmap_images_come_every_heatmap_every_steps(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    train(tiny_config(steps=20, eval_every=20, diagnostics_every=5,
+                      heatmap_every=10, checkpoint_every=20,
+                      logdir=str(run_dir)))
+    eval_tags = read_event_scalars(str(run_dir / "eval"))
+    assert sorted(eval_tags["attention/attention_0/score_std"]) == [
+        0, 5, 10, 15, 20]
+    assert sorted(eval_tags["attention/attention_0/heatmap/head0"]) == [
+        0, 10, 20]
