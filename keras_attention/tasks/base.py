@@ -1,6 +1,8 @@
 """`SequenceTask`: the stream, pool, held-out and sharding logic every task
 shares; a task subclass only says how one batch is drawn from a key."""
 
+import abc
+
 import numpy as np
 import tensorflow as tf
 
@@ -8,7 +10,7 @@ from keras_attention.tasks import _streams
 from keras_attention.validation import check_int
 
 
-class SequenceTask:
+class SequenceTask(abc.ABC):
     """Base class of the synthetic sequence tasks.
 
     Subclasses set the attributes below and implement `_generate`.
@@ -118,14 +120,14 @@ class SequenceTask:
             return sorted(self._example_target_cells(array))
         return [sorted(self._example_target_cells(row)) for row in array]
 
+    @abc.abstractmethod
     def _example_target_cells(self, tokens):
         """`(row, column)` pairs of one example's `(seq_len,)` tokens."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _generate(self, key, batch_size):
         """Draws `(tokens, targets, weights)` for `batch_size` examples from
         the stateless RNG key `key` (int64 shape `(2,)`)."""
-        raise NotImplementedError
 
     def _finish(self, tokens, targets, weights, batch_size):
         """Fixes dtypes and static shapes of a generated batch."""

@@ -1,5 +1,7 @@
 """Tasks over padded random symbols: `ReverseTask`, `SortTask`, `CopyTask`."""
 
+import abc
+
 import numpy as np
 import tensorflow as tf
 
@@ -49,9 +51,9 @@ class _PaddedSymbolsTask(SequenceTask):
         targets = self._targets(tokens, lengths, valid)
         return self._finish(tokens, targets, valid, batch_size)
 
+    @abc.abstractmethod
     def _targets(self, tokens, lengths, valid):
         """The targets of padded `tokens` with content `lengths`."""
-        raise NotImplementedError
 
     def _content(self, tokens):
         """The content symbols of one example (the prefix before padding)."""
