@@ -1,9 +1,17 @@
 """Fixtures shared by the test modules."""
 
-import pytest
+import os
 
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+# As the command line does before it imports Keras: importing Keras imports
+# JAX when it is installed, which sets TF_CPP_MIN_LOG_LEVEL=1 when unset, and
+# the commands these tests start inherit it (TensorFlow's C++ warnings would
+# then reach stderr beside the commands' own lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from pipelines.config import Layer  # noqa: E402
+from pipelines.config import resolve_config  # noqa: E402
 
 # Task settings that make a run take seconds on a 2-core CPU.
 TINY_TASKS = {
