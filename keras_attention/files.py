@@ -25,7 +25,7 @@ def atomic_path(path, directory=False, replace=None):
     """Yields a temporary path beside `path`; renames it onto `path` at the end.
 
     The temporary name starts with `path`'s name and keeps its suffix
-    (`model.keras` is staged as `.model.keras.tmp-XXXX.keras`), because some
+    (`model.keras` is staged as `.model.keras.tmp-<random>.keras`), because some
     writers choose the format by it. It lies in the same directory, so the
     final `os.replace` is atomic.
 
