@@ -16,6 +16,7 @@ import time
 
 from pipelines.common import UsageError
 from pipelines.common import WriteFailure
+from pipelines.failures import writing
 
 LOCK_FILE = ".lock"
 
@@ -72,6 +73,20 @@ def run_directory_lock(directory, flag="--logdir"):
     finally:
         # Closing the descriptor releases the lock.
         os.close(descriptor)
+
+
+@contextlib.contextmanager
+def owning_logdir(logdir):
+    """The block of a pipeline that writes many runs under `logdir`
+    (`compare`, `sweep`): one such process per logdir at a time (each run
+    also locks its own directory), and a refused write as one line.
+
+    Raises:
+        RunDirectoryBusy: when another process holds `logdir`.
+        EnvironmentFailure: when a write is refused (`failures.writing`).
+    """
+    with run_directory_lock(logdir), writing():
+        yield
 
 
 def _holder(descriptor):

@@ -55,8 +55,9 @@ them in the HParams dashboard.
 The package (floor 3, pipelines): arms, plan, runner, claims, series,
 tensorboard, measure, formats, verdicts, report, figures and page, each
 importing only those before it;
-they may import keras_attention, pipelines.common, config, train and
-variance, never pipelines.cli.
+they may import keras_attention and the pipelines below them (common,
+config, flags, builders, devices, run_dir, locks, failures, tensorboard,
+train, variance), never pipelines.cli.
 """
 
 import json
@@ -89,9 +90,8 @@ from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
 from pipelines.compare.tensorboard import write_experiment
 from pipelines.compare.verdicts import status_word
-from pipelines.failures import writing
 from pipelines.flags import add_train_arguments
-from pipelines.locks import run_directory_lock
+from pipelines.locks import owning_logdir
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
@@ -121,9 +121,7 @@ def compare(plan, log=print):
         RunDirectoryBusy: when another process holds `plan.logdir`.
         EnvironmentFailure: when a write is refused.
     """
-    # One comparison per logdir at a time (each run also locks its own
-    # directory); a refused write is one line (`failures.writing`).
-    with run_directory_lock(plan.logdir), writing():
+    with owning_logdir(plan.logdir):
         return _compare(plan, log)
 
 

@@ -144,23 +144,31 @@ def parse_seeds(text):
     return list(range(count))
 
 
-def _check_per_run_flags(args):
-    """`UsageError` for a `train` flag that the comparison sets per run."""
-    for field, flag in _PER_RUN_FLAGS.items():
+def check_per_run_flags(args, per_run_flags, command):
+    """`UsageError` for a `train` flag that `command` (compare, sweep) sets
+    per run.
+
+    Args:
+        args: the parsed flags.
+        per_run_flags: `{setting: the command's flag to use instead}`; `None`
+            for a setting the command does not take at all.
+        command: the command's name, for the message.
+    """
+    for field, flag in per_run_flags.items():
         if getattr(args, field, None) is None:
             continue
         if flag is None:
             raise UsageError(
-                f"--{field} is not supported by compare; export a finished "
+                f"--{field} is not supported by {command}; export a finished "
                 "run with keras-attention export"
             )
         raise UsageError(
-            f"--{field.replace('_', '-')} is set per run by compare; use "
+            f"--{field.replace('_', '-')} is set per run by {command}; use "
             f"{flag}"
         )
 
 
-def _settings(args, preset_name, preset):
+def preset_settings(args, preset_name, preset):
     """The layers of settings of every run, in increasing priority: the
     preset (with the comparison's own default of a quiet run), then the
     config file and the flags (`pipelines.flags.settings_from_args`).
@@ -215,8 +223,8 @@ def plan_from_args(args):
             f"{args.preset!r}"
         )
     preset = PRESETS[args.preset]
-    _check_per_run_flags(args)
-    layers = _settings(args, args.preset, preset)
+    check_per_run_flags(args, _PER_RUN_FLAGS, "compare")
+    layers = preset_settings(args, args.preset, preset)
     key_dims, train_key_dims = _key_dims(args, preset)
     arms = parse_arms(args.arms) if args.arms else list(preset.arms)
     seeds = parse_seeds(args.seeds) if args.seeds else list(

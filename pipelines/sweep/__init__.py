@@ -38,9 +38,8 @@ from pipelines.common import write_bytes_atomic
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
 from pipelines.compare.arms import ARMS
-from pipelines.failures import writing
 from pipelines.flags import add_train_arguments
-from pipelines.locks import run_directory_lock
+from pipelines.locks import owning_logdir
 from pipelines.sweep import figures
 from pipelines.sweep.analysis import run_record
 from pipelines.sweep.init_picture import measure_init
@@ -77,9 +76,7 @@ def sweep(plan, log=print):
         RunDirectoryBusy: when another process holds `plan.logdir`.
         EnvironmentFailure: when a write is refused.
     """
-    # One sweep per logdir at a time (each run also locks its own
-    # directory); a refused write is one line (`failures.writing`).
-    with run_directory_lock(plan.logdir), writing():
+    with owning_logdir(plan.logdir):
         return _sweep(plan, log)
 
 

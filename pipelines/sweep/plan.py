@@ -16,7 +16,8 @@ from pipelines.common import parse_count
 from pipelines.common import parse_int_list
 from pipelines.compare.arms import ARMS
 from pipelines.compare.arms import PRESETS as COMPARE_PRESETS
-from pipelines.compare.plan import _settings as compare_settings
+from pipelines.compare.plan import check_per_run_flags
+from pipelines.compare.plan import preset_settings
 from pipelines.compare.plan import parse_arms
 from pipelines.compare.plan import parse_seeds
 from pipelines.config import OPTIMIZERS
@@ -198,17 +199,6 @@ def parse_optimizers(text):
     return names
 
 
-def _check_per_run_flags(args):
-    for field, flag in _PER_RUN_FLAGS.items():
-        if getattr(args, field, None) is None:
-            continue
-        if flag is None:
-            raise UsageError(f"--{field} is not supported by sweep")
-        raise UsageError(
-            f"--{field.replace('_', '-')} is set per run by sweep; use {flag}"
-        )
-
-
 def plan_from_args(args):
     """Builds and checks the `SweepPlan` of parsed `sweep` flags.
 
@@ -220,7 +210,7 @@ def plan_from_args(args):
             f"--preset must be one of {', '.join(PRESETS)}; got {args.preset!r}"
         )
     preset = PRESETS[args.preset]
-    _check_per_run_flags(args)
+    check_per_run_flags(args, _PER_RUN_FLAGS, "sweep")
 
     def given(value, parse, default):
         return parse(value) if value is not None else list(default)
@@ -245,7 +235,7 @@ def plan_from_args(args):
     check_writable_directory(logdir, "--logdir")
     # The comparison's layering (preset < --config < flags), with the
     # sweep's preset in place of the comparison's.
-    layers = compare_settings(args, f"sweep {args.preset}",
+    layers = preset_settings(args, f"sweep {args.preset}",
                               _SettingsOf(preset.settings))
     base = resolve_config(
         [*layers, Layer("sweep", {"logdir": logdir, "key_dim": key_dims[-1]})]
