@@ -40,6 +40,7 @@ FLOORS = {
     "keras_attention.files": 0,
     "keras_attention.validation": 0,
     "keras_attention.initializers": 0,
+    "keras_attention.events": 0,
     # 1, the layer, its private helpers and the recording hook.
     "keras_attention.layer": 1,
     "keras_attention._layer_utils": 1,
@@ -66,6 +67,8 @@ FLOORS = {
     "pipelines.failures": 3,
     "pipelines.checkpoint_files": 3,
     "pipelines.steps": 3,
+    "pipelines.backends": 3,
+    "pipelines.checkpoints": 3,
     "pipelines.train": 3,
     "pipelines.export": 3,
     "pipelines.variance": 3,
