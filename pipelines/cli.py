@@ -17,13 +17,36 @@ import argparse
 import os
 import sys
 
+# Imports no framework: the backend is chosen below, before Keras loads.
+from pipelines.backends import BACKENDS
 
-def _import_tensorflow_quietly():
-    """Imports TensorFlow and initialises its devices with stderr muted.
 
-    TensorFlow's C++ start-up lines (absl pre-init warnings, CUDA probes on
-    machines without a GPU) are printed to the process's stderr before any
-    logging setting applies; a command line's errors should be the only
+def _backend_flag(argv):
+    """The value of `--backend` in `argv`, or `None`."""
+    for index, arg in enumerate(argv):
+        if arg == "--backend" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _choose_backend(argv):
+    """Sets `KERAS_BACKEND` from `--backend` before Keras is imported: Keras
+    reads it once, at import. A value that is not a backend is left to the
+    parser, which refuses it in one line."""
+    backend = _backend_flag(argv)
+    if backend in BACKENDS:
+        os.environ["KERAS_BACKEND"] = backend
+
+
+def _import_keras_quietly():
+    """Imports Keras and its backend, and lets the backend find its devices,
+    with stderr muted.
+
+    The frameworks' C++ start-up lines (absl pre-init warnings, CUDA probes
+    on machines without a GPU) are printed to the process's stderr before
+    any logging setting applies; a command line's errors should be the only
     lines there. Python exceptions still surface: they print after the
     descriptor is restored. Set KERAS_ATTENTION_TF_LOGS=1 to see them.
     """
@@ -34,19 +57,27 @@ def _import_tensorflow_quietly():
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
-        import tensorflow as tf
+        import keras
 
-        tf.config.list_physical_devices()
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+        elif keras.backend.backend() == "jax":
+            import jax
+
+            jax.devices()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
 
 
-# Before the project imports below: they import TensorFlow (through
-# `keras_attention`), whose start-up lines would otherwise reach stderr.
+# Before the project imports below: they import Keras, whose backend is
+# fixed at import, and the backend's start-up lines would reach stderr.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-_import_tensorflow_quietly()
+_choose_backend(sys.argv[1:])
+_import_keras_quietly()
 
 from pipelines import compare  # noqa: E402
 from pipelines import export  # noqa: E402

@@ -29,9 +29,12 @@ import json
 import os
 from typing import NamedTuple, Optional, Union
 
+import keras
+
 from keras_attention.layer import IMPLEMENTATIONS
 from keras_attention.models import NORM_MODES
 from keras_attention.validation import is_int
+from pipelines.backends import BACKENDS
 from pipelines.common import UsageError
 from pipelines.config_checks import check_setting_names
 from pipelines.config_checks import check_settings
@@ -125,6 +128,7 @@ CHOICES = {
     "optimizer": OPTIMIZERS,
     "lr_schedule": LR_SCHEDULES,
     "norm": NORM_MODES,
+    "backend": BACKENDS,
     "strategy": STRATEGIES,
     "precision": PRECISIONS,
     "jit_compile": JIT_MODES,
@@ -167,6 +171,11 @@ class TrainConfig:
             the diagnostics probe.
         target_accuracy: `steps_to_target` in `metrics.json` is the first
             evaluated step with held-out accuracy at least this.
+        backend: the Keras backend the run trains on; resolving takes the
+            one Keras runs on (`KERAS_BACKEND`, `~/.keras/keras.json`, or
+            `--backend`, which the command line sets before Keras is
+            imported). Part of the run's identity: a run is resumed on the
+            backend it started on, never continued on another.
         strategy, precision, jit_compile: devices (`"auto"`: a TPU or
             several GPUs when found; bfloat16 on TPUs, float16 on GPUs;
             XLA on accelerators). deterministic: TensorFlow op determinism.
@@ -227,6 +236,7 @@ class TrainConfig:
     probe_size: int = 16
     target_accuracy: float = 0.9
     # Devices.
+    backend: Optional[str] = None
     strategy: str = "auto"
     precision: str = "auto"
     jit_compile: str = "auto"
@@ -274,6 +284,14 @@ class TrainConfig:
         directory is only checked for writability.
         """
         check_settings(self, CHOICES, TASK_OPTIONS)
+        running = keras.backend.backend()
+        if self.backend != running:
+            raise UsageError(
+                f"--backend {self.backend}: this process runs Keras on "
+                f"{running}, and Keras's backend is chosen once, before it "
+                "is imported; give --backend on the command line or set "
+                "KERAS_BACKEND"
+            )
 
     def task_options(self):
         """The task options that are set, as keyword arguments of
@@ -360,6 +378,8 @@ def resolve_config(layers):
         derived["weight_decay"] = (0.01, "optimizer")
     if values["logdir"] is None:
         derived["logdir"] = (default_logdir(task), "task")
+    if values["backend"] is None:
+        derived["backend"] = (keras.backend.backend(), "the Keras backend")
     for name, (value, origin) in derived.items():
         values[name] = value
         sources[name] = f"derived from {origin}"

@@ -12,14 +12,27 @@ predictions) and `attention` (tokens -> each attention layer's weights).
 
 The export is written beside `--out` and renamed into place when complete;
 an existing `--out` is replaced only with `--overwrite`.
+
+A run trained on any backend exports the same files: SavedModel and TFLite
+are TensorFlow's formats, so a process running Keras on JAX or torch hands
+them to a child process running Keras on TensorFlow, which loads the run's
+saved state (`model.keras` loads on every backend; checkpoints are numpy
+arrays). Without TensorFlow installed they are refused in one line, and
+`.keras` export still works.
 """
 
+import importlib.util
 import os
+import subprocess
+import sys
+
+import keras
 
 from keras_attention.export import FORMATS
 from keras_attention.export import check_export_target
 from keras_attention.export import export_model
-from pipelines.checkpoint_files import DamagedCheckpoints
+from pipelines.checkpoints import DamagedCheckpoints
+from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.failures import writing
@@ -135,6 +148,8 @@ def export_run(run_dir, path, format=None, overwrite=False):
     format = check_out_path(path, format, overwrite)
     if not os.path.isdir(run_dir):
         raise UsageError(f"--logdir {run_dir} is not a directory")
+    if format != "keras" and keras.backend.backend() != "tensorflow":
+        return _export_in_tensorflow(run_dir, path, format, overwrite)
     model = _restore(run_dir)
     try:
         # The export is staged beside `path`; a refused write removes it.
@@ -144,6 +159,31 @@ def export_run(run_dir, path, format=None, overwrite=False):
     except ValueError as error:
         raise UsageError(_command_line_wording(error)) from None
     return written, format
+
+
+def _export_in_tensorflow(run_dir, path, format, overwrite):
+    """`export_run` in a child process running Keras on TensorFlow; its one
+    line of error becomes this process's."""
+    if importlib.util.find_spec("tensorflow") is None:
+        raise UsageError(
+            f"--format {format} needs TensorFlow, which is not installed "
+            "(pip install tensorflow); --format keras exports without it"
+        )
+    command = [sys.executable, "-m", "pipelines", "export", "--logdir",
+               os.fspath(run_dir), "--out", os.fspath(path), "--format",
+               format] + (["--overwrite"] if overwrite else [])
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child = subprocess.run(command, env=env, capture_output=True, text=True,
+                           check=False)
+    if child.returncode != 0:
+        lines = child.stderr.strip().splitlines() or ["no output"]
+        # The child's own line, without its "keras-attention export: error:"
+        prefix = "keras-attention export: error: "
+        message = lines[-1].removeprefix(prefix)
+        error = UsageError if child.returncode == 2 else EnvironmentFailure
+        raise error(f"{message} (exporting in a TensorFlow process)")
+    return os.path.abspath(os.fspath(path)), format
 
 
 def _restore(run_dir):

@@ -183,12 +183,16 @@ def add_train_arguments(parser):
          help="held-out accuracy for steps_to_target (default: {default})")
 
     devices = parser.add_argument_group("devices")
+    _add(devices, "backend", help="Keras backend, set before Keras is "
+         "imported (default: KERAS_BACKEND, else ~/.keras/keras.json, else "
+         "tensorflow)")
     _add(devices, "strategy", help="distribution strategy (default: "
          "{default})")
     _add(devices, "precision", help="dtype policy (default: {default})")
     _add(devices, "jit_compile", help="XLA for the train step (default: "
          "{default})")
-    _add(devices, "deterministic", help="TensorFlow op determinism")
+    _add(devices, "deterministic", help="deterministic kernels "
+         "(TensorFlow op determinism, torch deterministic algorithms)")
 
     output = parser.add_argument_group("output")
     _add(output, "logdir", metavar="DIR", help="run directory (default: "

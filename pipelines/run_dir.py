@@ -3,13 +3,12 @@
     DIR/config.json     the resolved config (`CONFIG_FILE`)
     DIR/metrics.json    the run's results (`METRICS_FILE`)
     DIR/model.keras     the trained model (`MODEL_FILE`)
-    DIR/checkpoints/    tf.train checkpoints (`CHECKPOINT_DIR`)
+    DIR/checkpoints/    the checkpoints (`pipelines.checkpoints`)
     DIR/train/, eval/   event files (`TRAIN_LOGS`, `EVAL_LOGS`)
 
     DIR/.lock           held by the one process writing the run (`locks`)
 
-`Checkpoints` saves and restores a run's checkpoints (the newest whole one:
-see `checkpoint_files`); `config_mismatch(run_dir, config)` is the one
+`config_mismatch(run_dir, config)` is the one
 comparison of a stored config with a wanted one (train refuses to resume a
 different run, compare to reuse one); `restore_model(run_dir)` gives the
 trained model back. `writing_run(logdir, chief)` is the frame of every
@@ -20,19 +19,17 @@ line with the last step that is safely checkpointed.
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from typing import NamedTuple
 
 import keras
-import tensorflow as tf
 
 from keras_attention.files import atomic_path
 from pipelines.builders import build_model
-from pipelines.checkpoint_files import complete_checkpoint
-from pipelines.checkpoint_files import forget_checkpoints_after
-from pipelines.checkpoint_files import last_checkpointed_step
-from pipelines.checkpoint_files import remove_partial_checkpoints
+from pipelines.checkpoints import CHECKPOINT_DIR
+from pipelines.checkpoints import checkpoint_path
+from pipelines.checkpoints import last_checkpointed_step
+from pipelines.checkpoints import load_newest
+from pipelines.checkpoints import remove_partial_checkpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import WriteFailure
@@ -44,7 +41,6 @@ from pipelines.locks import run_directory_lock
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.keras"
-CHECKPOINT_DIR = "checkpoints"
 TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 
@@ -155,80 +151,6 @@ def read_metrics(run_dir):
         return None
 
 
-def checkpoint_variables(model):
-    """The model's variables keyed by path, for `tf.train.Checkpoint`.
-
-    A Keras 3 functional model keeps its layers in Keras' own containers,
-    which `tf.train.Checkpoint` does not traverse; naming every variable
-    explicitly makes checkpoints hold all of them (non-trainable ones too).
-    """
-    variables = {variable.path: variable for variable in model.variables}
-    if len(variables) != len(model.variables):
-        raise ValueError(
-            f"`model` {model.name!r} has variables with the same path; "
-            "give its layers unique names."
-        )
-    return variables
-
-
-class Checkpoints:
-    """A run's checkpoints: restored when the run starts, saved as it goes.
-
-    Args:
-        logdir: the run directory (checkpoints go to `CHECKPOINT_DIR`).
-        model: the model being trained.
-        optimizer: its optimizer.
-        chief: whether this process writes the run.
-
-    Attributes:
-        start_step: the step of the newest whole checkpoint (0 for none).
-
-    Non-chief workers save too (saving may need every worker) but into a
-    scratch directory, as TensorFlow's multi-worker convention has it.
-
-    Raises:
-        UsageError: when checkpoints are recorded but none reads whole.
-    """
-
-    def __init__(self, logdir, model, optimizer, chief):
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
-        checkpoint = tf.train.Checkpoint(
-            model=checkpoint_variables(model), optimizer=optimizer,
-            step=self.step,
-        )
-        directory = os.path.join(logdir, CHECKPOINT_DIR)
-        if chief:
-            remove_partial_checkpoints(directory)  # Left by a killed save.
-        latest = complete_checkpoint(directory)
-        if latest is not None:
-            checkpoint.restore(latest).assert_existing_objects_matched()
-            if chief:
-                forget_checkpoints_after(directory, latest)
-        self.start_step = int(self.step.numpy())
-        self.scratch = None if chief else tempfile.mkdtemp(
-            prefix="keras-attention-worker-"
-        )
-        self.manager = tf.train.CheckpointManager(
-            checkpoint, self.scratch or directory, max_to_keep=3
-        )
-
-    def save(self, step, writers):
-        """Saves the checkpoint of `step`, after flushing `writers`."""
-        self.step.assign(step)
-        # Events first: once the checkpoint exists, everything logged up to
-        # its step is on disk.
-        for writer in writers:
-            writer.flush()
-        prefix = os.path.join(self.manager.directory, f"ckpt-{step}")
-        with writing(f"checkpoint {prefix}"):
-            self.manager.save(checkpoint_number=step)
-
-    def close(self):
-        """Removes a non-chief worker's scratch directory."""
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-
-
 def save_model(model, path):
     """`model.save(path)`, atomically: a crash leaves the previous file (or
     none), never half of one; `WriteFailure` when the system refuses."""
@@ -264,7 +186,7 @@ def writing_run(logdir, chief):
             step = last_checkpointed_step(directory)
             where = (
                 f"the last step safely checkpointed is {step} "
-                f"({os.path.join(directory, f'ckpt-{step}')}); free space "
+                f"({checkpoint_path(directory, step)}); free space "
                 "and run the same command to resume from there"
                 if step is not None else
                 "no step is checkpointed yet; free space and run the same "
@@ -277,7 +199,8 @@ def restore_model(run_dir):
     """The trained model of a run directory.
 
     Loads `run_dir/model.keras` when the run finished, else rebuilds the
-    model from `run_dir/config.json` and restores the latest checkpoint.
+    model from `run_dir/config.json` and restores the newest whole
+    checkpoint's weights.
 
     Args:
         run_dir: a directory written by `train`.
@@ -292,9 +215,9 @@ def restore_model(run_dir):
     if os.path.exists(model_path):
         return keras.saving.load_model(model_path)
     config_path = os.path.join(run_dir, CONFIG_FILE)
-    latest = complete_checkpoint(os.path.join(run_dir, CHECKPOINT_DIR),
-                                 then="exporting")
-    if not os.path.exists(config_path) or latest is None:
+    directory = os.path.join(run_dir, CHECKPOINT_DIR)
+    if not os.path.exists(config_path) or last_checkpointed_step(
+            directory) is None:
         raise UsageError(
             f"{run_dir} holds no trained run ({MODEL_FILE}, or {CONFIG_FILE} "
             f"with {CHECKPOINT_DIR}/)"
@@ -302,8 +225,5 @@ def restore_model(run_dir):
     with open(config_path) as handle:
         config = TrainConfig.from_dict(json.load(handle), source=config_path)
     model = build_model(config)
-    status = tf.train.Checkpoint(model=checkpoint_variables(model)).restore(
-        latest
-    )
-    status.expect_partial().assert_existing_objects_matched()
+    load_newest(directory, model, then="exporting")
     return model

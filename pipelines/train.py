@@ -5,7 +5,8 @@
 A run writes under `--logdir DIR` (see `pipelines.run_dir`):
 
     DIR/config.json        the resolved config (flags, file and task defaults)
-    DIR/checkpoints/       tf.train checkpoints; a rerun resumes from the last
+    DIR/checkpoints/       Keras state (weights, optimizer, random generators)
+                           every --checkpoint-every steps; a rerun resumes
     DIR/model.keras        the trained model
     DIR/metrics.json       held-out loss/accuracy, steps, wall time,
                            examples/s, steps to the target accuracy, the
@@ -18,9 +19,10 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
                            gradients/<layer>/... (norms of dL/dW_Q, W_K, W_V
                            and of dL/dscores)
 
-One training step serves every distribution strategy (see
-`pipelines.steps`). Diagnostics run eagerly on a host copy of the model,
-outside compiled code, on the chief only.
+The loop below is the same on every Keras backend; one step's gradient
+and update come from the running backend's module (`pipelines.backends`).
+Diagnostics run on a host copy of the model, outside the training step, on
+the chief only.
 
 A run killed at any point, or stopped by a full disk, and started again
 with the same command resumes from its last whole checkpoint: the data
@@ -38,24 +40,18 @@ from typing import Optional
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from pipelines.backends import backend_module
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
+from pipelines.checkpoints import Checkpoints
 from pipelines.common import write_json_atomic
-from pipelines.devices import accelerator
-from pipelines.devices import check_divisible
-from pipelines.devices import is_chief
-from pipelines.devices import resolve_jit
-from pipelines.devices import resolve_precision
-from pipelines.devices import resolve_strategy
-from pipelines.devices import strategy_name
+from pipelines.devices import open_run_devices
 from pipelines.export import check_out_path
 from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.run_dir import CONFIG_FILE
-from pipelines.run_dir import Checkpoints
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
@@ -113,7 +109,7 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
             pipeline that trains many runs under one TensorBoard logdir
             (compare) declares one experiment at its root instead:
             TensorBoard reads a single experiment per logdir.
-        reuse: optional `reuse(config, strategy, task)` returning the
+        reuse: optional `reuse(config, devices, task)` returning the
             `pipelines.steps.Parts` to train with (default:
             `pipelines.steps.build_parts`); a sweep passes one that keeps
             the compiled steps across runs (see `pipelines.sweep.reuse`).
@@ -139,49 +135,40 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
     start_time = time.time()
     # -------- settings: everything is checked before anything is written.
     config.validate()
-    strategy = resolve_strategy(config.strategy)
-    num_replicas = strategy.num_replicas_in_sync
-    check_divisible(config, num_replicas)
-    where = accelerator(strategy)
-    config = config.replace(
-        precision=resolve_precision(config.precision, where),
-        jit_compile="on" if resolve_jit(config.jit_compile, where) else "off",
-    )
+    config, devices = open_run_devices(config)
     check_resumable(config)
     if config.export is not None:
         # Now, not after training: a taken or unwritable path would
         # otherwise fail only once the run is done.
         check_out_path(config.export, flag="--export")
-    chief = is_chief(strategy)
-    if config.deterministic:
-        # A process-wide switch; it stays on after the run.
-        tf.config.experimental.enable_op_determinism()
+    # Process-wide switches (TensorFlow's op determinism stays on after).
+    backend_module(config.backend).prepare(config)
     previous_policy = keras.config.dtype_policy()
     try:
         keras.config.set_dtype_policy(config.precision)
-        with writing_run(config.logdir, chief):
+        with writing_run(config.logdir, devices.chief):
             metrics, model = _train(
-                config, strategy, chief, start_time, hparams_experiment, reuse
+                config, devices, start_time, hparams_experiment, reuse
             )
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics
 
 
-def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
-    logdir, steps = config.logdir, config.steps
+def _train(config, devices, start_time, hparams_experiment, reuse):
+    logdir, steps, chief = config.logdir, config.steps, devices.chief
     task = build_task(config)
-    num_replicas = strategy.num_replicas_in_sync
 
     # -------- model, optimizer and compiled steps, identical on every
     # replica and worker; or those of an earlier run of the same shapes,
     # reset to this run's initial weights (a sweep's `reuse`).
-    parts = (build_parts if reuse is None else reuse)(config, strategy, task)
+    parts = (build_parts if reuse is None else reuse)(config, devices, task)
     model, optimizer, schedule, host_model = parts[:4]
 
     # -------- checkpoint: resume where the last run of this command stopped.
     checkpoints = Checkpoints(logdir, model, optimizer, chief)
     start_step = checkpoints.start_step
+    parts.steps.reload()
 
     # -------- run directory and event files.
     if chief:
@@ -190,26 +177,21 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
     logs = open_run_logs(logdir, chief)
     write_run_header(logs.root, config, hparams_experiment)
 
-    # -------- data: every step's global batch is a function of (seed, step).
-    train_data = strategy.distribute_datasets_from_function(
-        lambda context: task.dataset(
-            config.batch_size, config.seed, start_step=start_step,
-            input_context=context, train_size=config.train_size,
-        )
+    # -------- data: every step's global batch is a function of (seed, step);
+    # this process feeds its rows of it.
+    shard_index, num_shards = devices.shard
+    train_data = task.batches(
+        config.batch_size, config.seed, start_step=start_step,
+        train_size=config.train_size, shard_index=shard_index,
+        num_shards=num_shards,
     )
-    eval_batch = eval_batch_size(config.heldout_size, num_replicas)
-    eval_data = strategy.distribute_datasets_from_function(
-        lambda context: task.heldout_dataset(
-            eval_batch, num_examples=config.heldout_size, seed=config.seed,
-            input_context=context,
-        )
-    )
+    eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
     probe = build_probe_batch(config, task)
 
     # -------- the compiled steps and the diagnostics probe.
-    train_step = parts.train_step
-    evaluate = make_evaluate(model, strategy, eval_data, parts.eval_step)
-    diagnose = make_diagnose(host_model, model, probe, logs.eval, task,
+    train_step = parts.steps.train_step
+    evaluate = make_evaluate(parts.steps, task, config, devices, eval_batch)
+    diagnose = make_diagnose(host_model, parts, probe, logs.eval, task,
                              probe_host_model=parts.probe)
 
     # -------- the loop.
@@ -225,11 +207,10 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
         progress.evaluated(0, *evaluate(), logs.eval)
         if chief:
             progress.diagnostics_init = diagnose(0)
-    train_iterator = iter(train_data)
     step, window = start_step, []
     clock = _Clock()
     while step < steps:
-        loss, accuracy = train_step(train_iterator)
+        loss, accuracy = train_step(next(train_data))
         if clock.first_step is None:
             float(loss)  # Waits for the first step: tracing, compiling.
             clock.first_step = time.time() - clock.start
@@ -252,6 +233,7 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
             progress.diagnostics_final = diagnose(
                 step, images=_due(step, config.heatmap_every, steps))
         if _due(step, config.checkpoint_every, steps):
+            parts.steps.sync()
             checkpoints.save(step, logs)
         clock.pause(time.time() - pause_start)
     steps_per_second, train_time = clock.steps_per_second(step - start_step)
@@ -262,6 +244,7 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
             progress.evaluated(step, *evaluate(), logs.eval)
         if chief and progress.diagnostics_final is None:
             progress.diagnostics_final = diagnose(step)
+        parts.steps.sync()
         host_model.set_weights(model.get_weights())
         if chief:
             save_model(host_model, os.path.join(logdir, MODEL_FILE))
@@ -274,7 +257,6 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
         logs.root.scalars({"steps_to_target": float(steps_to_target)}, step)
     for writer in logs:
         writer.close()
-    checkpoints.close()
 
     metrics = {
         "task": config.task,
@@ -296,8 +278,11 @@ def _train(config, strategy, chief, start_time, hparams_experiment, reuse):
             "init": progress.diagnostics_init,
             "final": progress.diagnostics_final,
         },
-        "num_replicas": num_replicas,
-        "strategy": strategy_name(strategy),
+        "backend": config.backend,
+        "num_replicas": devices.num_replicas,
+        "device_count": devices.device_count,
+        "accelerator": devices.accelerator,
+        "strategy": devices.strategy,
         "precision": config.precision,
         "jit_compile": config.jit_compile == "on",
         "diverged_at_step": progress.diverged_at,

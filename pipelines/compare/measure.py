@@ -7,7 +7,6 @@ import os
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.diagnostics import SUMMARY_KEYS
 from keras_attention.diagnostics import probe_diagnostics
@@ -17,7 +16,7 @@ from pipelines.builders import build_model
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.compare.tensorboard import write_run_hparams_metrics
-from pipelines.devices import resolve_precision
+from pipelines.devices import open_run_devices
 from pipelines.run_dir import read_metrics
 from pipelines.run_dir import restore_model
 
@@ -48,8 +47,7 @@ def probe_at_init(config):
 
 def _run_precision(config):
     """The dtype policy a run of `config` trains under on this machine."""
-    accelerator = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
-    return resolve_precision(config.precision, accelerator)
+    return open_run_devices(config)[0].precision
 
 
 def probe_trained(config):

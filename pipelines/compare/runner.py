@@ -66,6 +66,9 @@ def _subprocess_command(config_path):
 
 def _subprocess_env():
     env = dict(os.environ)
+    # Every run trains on this process's backend (the runs' configs say
+    # so, and a child on another backend would refuse them).
+    env["KERAS_BACKEND"] = keras.backend.backend()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Several processes share the accelerator: none may take all its memory.
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")

@@ -43,7 +43,7 @@ def shape_key(config):
 
 
 class CompiledRuns:
-    """`reuse(config, strategy, task)` for `pipelines.train.train`.
+    """`reuse(config, devices, task)` for `pipelines.train.train`.
 
     Attributes:
         builds: how many times parts were built (once per shape group in a
@@ -59,18 +59,22 @@ class CompiledRuns:
         self.builds = 0
         self.reuses = 0
 
-    def __call__(self, config, strategy, task):
+    def __call__(self, config, devices, task):
         # Cosine and warmup schedules bake `steps` into the schedule: only a
         # constant schedule without warmup may change `steps` between runs.
         key = shape_key(config) + (("schedule_steps", (
             None if config.lr_schedule == "constant"
             and config.warmup_steps == 0 else config.steps
         )),)
+        if config.backend == "jax":
+            # jax.jit reads a variable outside the stateless state (the
+            # peak rate) once, when it traces: a new rate needs a new trace.
+            key += (("learning_rate", config.learning_rate),)
         if key != self._key:
-            return self._build(key, config, strategy, task)
+            return self._build(key, config, devices, task)
         parts = self._parts
         keras.utils.set_random_seed(config.seed)
-        with strategy.scope():
+        with devices.scope():
             # The same draws, in the same order, as `build_parts` makes.
             initial = build_model(config, task)
         parts.model.set_weights(initial.get_weights())
@@ -79,19 +83,20 @@ class CompiledRuns:
                                    self._optimizer_start):
             variable.assign(value)
         self._learning_rate.assign(float(config.learning_rate))
+        parts.steps.reload()
         self.reuses += 1
         return parts
 
-    def _build(self, key, config, strategy, task):
+    def _build(self, key, config, devices, task):
         self._parts = None
         # Drop the graph state of the previous shape group.
         keras.backend.clear_session()
-        with strategy.scope():
+        with devices.scope():
             self._learning_rate = keras.Variable(
                 float(config.learning_rate), dtype="float32",
                 trainable=False, name="peak_learning_rate",
             )
-        parts = build_parts(config, strategy, task, self._learning_rate)
+        parts = build_parts(config, devices, task, self._learning_rate)
         self._optimizer_start = [
             np.array(keras.ops.convert_to_numpy(variable))
             for variable in parts.optimizer.variables

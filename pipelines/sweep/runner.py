@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import keras
+
 from pipelines.common import write_json_atomic
 from pipelines.compare.runner import check_run_directory
 from pipelines.compare.runner import is_complete
@@ -84,6 +86,9 @@ def shares(configs, jobs):
 
 def _worker_env(threads):
     env = dict(os.environ)
+    # Every run trains on this process's backend (the runs' configs say
+    # so, and a worker on another backend would refuse them).
+    env["KERAS_BACKEND"] = keras.backend.backend()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     # One core's share each: N processes of all cores each oversubscribe
@@ -91,6 +96,12 @@ def _worker_env(threads):
     # steps per second of one 2-thread process at d_k 1024).
     env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
     env.setdefault("TF_NUM_INTEROP_THREADS", str(threads))
+    # torch's and XLA's CPU thread pools read these.
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    if threads == 1 and "xla_cpu_multi_thread_eigen" not in env.get(
+            "XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
+                            + " --xla_cpu_multi_thread_eigen=false").strip()
     return env
 
 

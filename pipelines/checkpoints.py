@@ -1,0 +1,216 @@
+"""A run's checkpoints: Keras's own state, in one file per checkpoint.
+
+A checkpoint is `checkpoints/ckpt-<step>.npz`: the values of every model
+variable (trainable, non-trainable and the layers' random-generator
+states), of every optimizer variable (its step count and moments) and the
+training step, read from the Keras variables and written atomically
+(`keras_attention.files.atomic_path`: a staging file renamed into place),
+so a kill or a full disk leaves the previous checkpoints and at most a
+staging file, which the next start removes. The same file serves every
+backend. The variables are stored in the order the model and the optimizer
+list them (names carry process-wide counters, `seed_generator_3`, which
+differ between processes); their paths are stored beside them and their
+shapes are checked on restore.
+
+The archive is a zip whose members carry CRC-32s: `np.load` of a truncated
+or damaged file fails on reading, so the newest checkpoint that reads
+whole is the one to resume from; a damaged newer one is named in one line
+on stderr and removed. When checkpoints exist and none reads whole, the run
+is refused (`DamagedCheckpoints`, exit 2).
+"""
+
+import json
+import os
+import re
+import zipfile
+
+import keras
+import numpy as np
+
+from keras_attention.files import atomic_path
+from pipelines.common import UsageError
+from pipelines.common import one_line
+from pipelines.common import warn
+from pipelines.failures import writing
+
+CHECKPOINT_DIR = "checkpoints"
+# Checkpoints kept: the newest and two before it, for a damaged newest.
+KEEP = 3
+
+_NAME = re.compile(r"^ckpt-(\d+)\.npz$")
+
+
+class DamagedCheckpoints(UsageError):
+    """Checkpoints exist but none reads whole."""
+
+    def __init__(self, directory, file, reason):
+        super().__init__(
+            f"checkpoint file {file} is corrupt ({reason}) and no earlier "
+            f"checkpoint is whole; move {directory} aside to train from the "
+            "start"
+        )
+        self.file, self.reason = file, reason
+
+
+def checkpoint_steps(directory):
+    """The steps of the checkpoint files in `directory`, oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    steps = [int(match.group(1)) for match in
+             map(_NAME.match, os.listdir(directory)) if match]
+    return sorted(steps)
+
+
+def checkpoint_path(directory, step):
+    return os.path.join(directory, f"ckpt-{step}.npz")
+
+
+def last_checkpointed_step(directory):
+    """The newest checkpoint's step, or `None` when there is none."""
+    steps = checkpoint_steps(directory)
+    return steps[-1] if steps else None
+
+
+def remove_partial_checkpoints(directory):
+    """Deletes the staging files of saves that were killed or refused;
+    returns their names."""
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        if not _NAME.match(name):
+            os.remove(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def read_checkpoint(path):
+    """`{name: array}` of the checkpoint file at `path`, every member read
+    (so its CRC checked). Raises `OSError`, `ValueError`, `KeyError` or
+    `zipfile.BadZipFile` when the file is damaged."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def _variables(model, optimizer):
+    groups = {"model": list(model.variables)}
+    if optimizer is not None:
+        groups["optimizer"] = list(optimizer.variables)
+    return groups
+
+
+def _restore(values, groups, path):
+    """Assigns a checkpoint's `values` to the variables of `groups`."""
+    for group, variables in groups.items():
+        stored = json.loads(str(values[f"{group}/paths"]))
+        if len(stored) != len(variables):
+            raise ValueError(
+                f"{len(stored)} {group} variables stored, "
+                f"{len(variables)} in the run"
+            )
+        for index, variable in enumerate(variables):
+            value = values[f"{group}/{index:05d}"]
+            if tuple(value.shape) != tuple(variable.shape):
+                raise ValueError(
+                    f"{stored[index]} has shape {value.shape} in {path}, "
+                    f"{tuple(variable.shape)} in the run"
+                )
+            variable.assign(value)
+
+
+def load_newest(directory, model, optimizer=None, then="resuming from"):
+    """Restores the newest checkpoint of `directory` that reads whole.
+
+    Args:
+        directory: a checkpoint directory (it need not exist).
+        model, optimizer: whose variables to restore (`optimizer` may be
+            `None`: only the model's).
+        then: what the caller does with the checkpoint found, for the line
+            that names a damaged newer one.
+
+    Returns:
+        Its step, or `None` when there is no checkpoint.
+
+    Raises:
+        DamagedCheckpoints: when checkpoints exist and none reads whole.
+    """
+    damaged = []
+    for step in reversed(checkpoint_steps(directory)):
+        path = checkpoint_path(directory, step)
+        try:
+            values = read_checkpoint(path)
+        except (OSError, ValueError, KeyError, EOFError,
+                zipfile.BadZipFile) as error:
+            damaged.append((path, one_line(error)))
+            continue
+        _restore(values, _variables(model, optimizer), path)
+        if damaged:
+            file, reason = damaged[0]
+            others = (f" (and {len(damaged) - 1} newer checkpoint(s))"
+                      if len(damaged) > 1 else "")
+            warn(f"checkpoint file {file} is corrupt ({reason}){others}; "
+                 f"{then} {os.path.basename(path)}, step {step}")
+        return int(values["step"])
+    if damaged:
+        raise DamagedCheckpoints(directory, *damaged[0])
+    return None
+
+
+class Checkpoints:
+    """A run's checkpoints: restored when the run starts, saved as it goes.
+
+    Args:
+        logdir: the run directory (checkpoints go to `CHECKPOINT_DIR`).
+        model: the model being trained.
+        optimizer: its optimizer (built).
+        chief: whether this process writes the run; other processes
+            restore but never save.
+
+    Attributes:
+        start_step: the step of the newest whole checkpoint (0 for none).
+
+    Raises:
+        DamagedCheckpoints: when checkpoints exist but none reads whole.
+    """
+
+    def __init__(self, logdir, model, optimizer, chief):
+        self.directory = os.path.join(logdir, CHECKPOINT_DIR)
+        self.model, self.optimizer, self.chief = model, optimizer, chief
+        if chief:
+            remove_partial_checkpoints(self.directory)
+        step = load_newest(self.directory, model, optimizer)
+        if step is not None and chief:
+            # Damaged newer files must not stay as "the last step safely
+            # checkpointed".
+            for newer in checkpoint_steps(self.directory):
+                if newer > step:
+                    os.remove(checkpoint_path(self.directory, newer))
+        self.start_step = step or 0
+
+    def save(self, step, writers):
+        """Saves the checkpoint of `step` after flushing `writers` (events
+        first: once the checkpoint exists, all logged up to it is on
+        disk), then drops all but the newest `KEEP`."""
+        if not self.chief:
+            return
+        for writer in writers:
+            writer.flush()
+        values = {"step": np.asarray(step, np.int64)}
+        for group, variables in _variables(self.model,
+                                           self.optimizer).items():
+            values[f"{group}/paths"] = np.asarray(
+                json.dumps([variable.path for variable in variables])
+            )
+            for index, variable in enumerate(variables):
+                values[f"{group}/{index:05d}"] = keras.ops.convert_to_numpy(
+                    variable.value
+                )
+        path = checkpoint_path(self.directory, step)
+        os.makedirs(self.directory, exist_ok=True)
+        with writing(f"checkpoint {path}"), atomic_path(path) as staging:
+            with open(staging, "wb") as handle:
+                np.savez(handle, **values)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for old in checkpoint_steps(self.directory)[:-KEEP]:
+            os.remove(checkpoint_path(self.directory, old))
