@@ -1,9 +1,11 @@
-"""Synthetic sequence tasks for attention experiments, as `tf.data` pipelines.
+"""Synthetic sequence tasks for attention experiments, as numpy batches.
 
 Floor 2 (beside models, diagnostics and export): the tasks import only
-TensorFlow, numpy and the core floor (`keras_attention.validation`); nothing
-in the library imports them except the pipelines above. Inside the package,
-`_streams` (random streams, input-pipeline sharding) is imported by `base`
+numpy, Keras (for `SequenceTask.weighted_sums`, in `keras.ops`) and the core
+floor (`keras_attention.validation`); never TensorFlow, so they work on every
+Keras backend, with or without TensorFlow installed. Nothing in the library
+imports them except the pipelines above. Inside the package, `_streams`
+(random streams, the training pool's order, shard rows) is imported by `base`
 (`SequenceTask`), which is imported by the task families `sequences`
 (reverse, sort, copy) and `recall`; this module gathers them by name.
 
@@ -14,11 +16,16 @@ Every task produces batches `(tokens, targets, weights)`:
 - `weights`: float32 `(batch, seq_len)`, `1.0` on positions that are scored
   and `0.0` everywhere else (padding, inputs that need no prediction).
 
-A batch is a pure function of `(seed, step)`: it is drawn with stateless
-random ops keyed on `(seed, stream tag, step)`, so any step's batch can be
-regenerated and a resumed run continues the same stream. Held-out data comes
-from a different stream tag and therefore never shares random draws with the
-training stream.
+A batch is a pure function of `(seed, step)`: it is drawn from a numpy
+Philox generator keyed on `(seed, stream tag, step)` with integer draws only,
+so any step's batch can be regenerated, on any machine and backend, and a
+resumed run continues the same stream. Held-out data, the finite training
+pool (`train_size`) and the pool's per-epoch orders come from other stream
+tags and therefore never share random draws with the training stream.
+
+The task also owns its loss: `SequenceTask.weighted_sums` gives the weighted
+sums of the cross-entropy and of the correct predictions, which the trainer
+divides by the global weight.
 
 Tasks (`TASK_NAMES`):
 
@@ -33,9 +40,11 @@ Example:
 
 ```python
 task = make_task("recall", num_pairs=16, num_keys=64, num_values=16)
-train = task.dataset(batch_size=64, seed=0)
-tokens, targets, weights = task.batch(seed=0, step=0, batch_size=64)
+train = task.batches(batch_size=64, seed=0)   # infinite numpy iterator
+tokens, targets, weights = next(train)         # == task.batch(0, 0, 64)
 eval_tokens, eval_targets, eval_weights = task.heldout(num_examples=512)
+for tokens, targets, weights in task.heldout_batches(128, num_examples=512):
+    ...
 ```
 """
 

@@ -1,10 +1,16 @@
 """`SequenceTask`: the stream, pool, held-out and sharding logic every task
-shares; a task subclass only says how one batch is drawn from a key."""
+shares, and the task's loss; a task subclass only says how one batch is
+drawn from a random generator.
+
+Data is numpy only (no TensorFlow, no Keras backend), so any trainer on any
+backend feeds the same batches; `weighted_sums` alone uses `keras.ops`, so
+that it runs inside a compiled step of whichever backend is active.
+"""
 
 import abc
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.tasks import _streams
 from keras_attention.validation import check_int
@@ -125,163 +131,143 @@ class SequenceTask(abc.ABC):
         """`(row, column)` pairs of one example's `(seq_len,)` tokens."""
 
     @abc.abstractmethod
-    def _generate(self, key, batch_size):
+    def _generate(self, rng, batch_size):
         """Draws `(tokens, targets, weights)` for `batch_size` examples from
-        the stateless RNG key `key` (int64 shape `(2,)`)."""
+        the `numpy.random.Generator` `rng`, with integer draws only (see
+        `_streams.generator`) and vectorised over the batch."""
 
     def _finish(self, tokens, targets, weights, batch_size):
-        """Fixes dtypes and static shapes of a generated batch."""
-        shape = [batch_size, self.seq_len]
-        tokens = tf.ensure_shape(tf.cast(tokens, tf.int32), shape)
-        targets = tf.ensure_shape(tf.cast(targets, tf.int32), shape)
-        weights = tf.ensure_shape(tf.cast(weights, tf.float32), shape)
-        return tokens, targets, weights
+        """Fixes the dtypes of a generated batch and checks its shapes."""
+        shape = (batch_size, self.seq_len)
+        arrays = (
+            np.asarray(tokens, np.int32),
+            np.asarray(targets, np.int32),
+            np.asarray(weights, np.float32),
+        )
+        if any(array.shape != shape for array in arrays):
+            raise AssertionError(
+                f"{self.name} generated shapes "
+                f"{[array.shape for array in arrays]}, expected {shape}."
+            )
+        return arrays
 
     def batch(self, seed, step, batch_size):
         """Returns the training batch for `(seed, step)`.
 
         Args:
-            seed: Integer run seed (or scalar integer tensor).
-            step: Non-negative integer step (or scalar integer tensor).
+            seed: Integer run seed in `[0, 2**63)`.
+            step: Non-negative integer step, below 2**63.
             batch_size: Positive integer number of examples (global batch).
 
         Returns:
-            Tuple of tensors `(tokens, targets, weights)`, shapes
+            Tuple of numpy arrays `(tokens, targets, weights)`, shapes
             `(batch_size, seq_len)`, dtypes int32, int32, float32. The same
-            arguments always give the same batch.
+            arguments give the same batch on every machine and backend.
 
         Example:
 
         >>> task = make_task("reverse", seq_len=4, vocab_size=8)
         >>> tokens, targets, weights = task.batch(seed=1, step=0, batch_size=2)
-        >>> tokens.shape
-        TensorShape([2, 4])
+        >>> tokens.shape, tokens.dtype
+        ((2, 4), dtype('int32'))
         """
         batch_size = check_int(batch_size, "batch_size")
         seed = _streams.check_seed(seed)
         step = _streams.check_step(step)
         return self._generate(
-            _streams.stream_keys(seed, _streams.TRAIN_TAG, step), batch_size
+            _streams.generator(seed, _streams.TRAIN_TAG, step), batch_size
         )
 
-    def _pool_batch_fn(self, seed, batch_size, train_size):
-        """Batch function over a fixed pool of `train_size` examples.
-
-        The stream is the pool in a fresh seeded order every epoch, epochs
-        laid end to end: example `e = step * batch_size + row` is entry
-        `e % train_size` of the permutation for epoch `e // train_size`.
-        Computed statelessly, so any step can be regenerated.
-        """
-        pool = self._generate(
-            _streams.stream_keys(seed, _streams.POOL_TAG, 0), train_size
-        )
-        # A batch spans at most this many epochs (a static bound).
-        max_epochs_per_batch = (batch_size - 1) // train_size + 2
-        rows = tf.range(batch_size, dtype=tf.int64)
-
-        def pool_batch(step):
-            example = tf.cast(step, tf.int64) * batch_size + rows
-            epoch = example // train_size
-            position = example % train_size
-            first_epoch = tf.reduce_min(epoch)
-            index = tf.zeros_like(position)
-            for offset in range(max_epochs_per_batch):
-                this_epoch = first_epoch + offset
-                shuffled = tf.random.experimental.index_shuffle(
-                    position,
-                    _streams.stream_keys(
-                        seed, _streams.POOL_SHUFFLE_TAG, this_epoch
-                    ),
-                    tf.constant(train_size - 1, tf.int64),
-                )
-                index = tf.where(epoch == this_epoch, shuffled, index)
-            return tuple(tf.gather(tensor, index) for tensor in pool)
-
-        return pool_batch
-
-    def dataset(
+    def batches(
         self,
         batch_size,
         seed,
         start_step=0,
-        input_context=None,
         train_size=None,
+        shard_index=0,
+        num_shards=1,
     ):
         """Infinite training stream of `(tokens, targets, weights)` batches.
 
-        Element `k` of the stream (without `input_context`) is
-        `batch(seed, start_step + k, batch_size)`.
+        Element `k` is (this shard's rows of) the global batch of step
+        `start_step + k`: `batch(seed, start_step + k, batch_size)` without
+        `train_size`. The arguments are checked when this is called, not at
+        the first `next`.
 
         Args:
             batch_size: Positive integer, the GLOBAL batch size.
-            seed: Integer run seed.
+            seed: Integer run seed in `[0, 2**63)`.
             start_step: Non-negative integer, first step of the stream (to
                 resume a run where it stopped).
-            input_context: Optional `tf.distribute.InputContext` (as passed by
-                `strategy.distribute_datasets_from_function`). Pipeline `i`
-                yields rows `[i * n, (i + 1) * n)` of each global batch,
-                `n = batch_size // num_input_pipelines`, as consecutive batches
-                of `input_context.get_per_replica_batch_size(batch_size)`
-                rows, so the data is the same whatever the strategy.
             train_size: None (default) draws fresh examples at every step.
                 A positive integer instead trains on a fixed pool of that many
-                examples, reshuffled (seeded) every epoch and repeated.
+                examples (its own stream), in a fresh seeded order every
+                epoch, epochs laid end to end; each epoch's order is a pure
+                function of `(seed, epoch)`, so a resumed stream is exact.
+            shard_index: Integer in `[0, num_shards)`, this shard.
+            num_shards: Positive integer dividing `batch_size`. Shard `i`
+                yields rows `[i * n, (i + 1) * n)` of each global batch,
+                `n = batch_size // num_shards`, so the data is the same
+                whatever the number of shards.
 
         Returns:
-            An infinite `tf.data.Dataset` with static shapes, prefetched.
+            An infinite iterator of numpy tuples, shapes
+            `(batch_size // num_shards, seq_len)`.
 
         Example:
 
         ```python
         task = make_task("sort", seq_len=6, vocab_size=10)
-        ds = task.dataset(batch_size=4, seed=0, start_step=10)
-        tokens, targets, weights = next(iter(ds))
+        stream = task.batches(batch_size=4, seed=0, start_step=10)
+        tokens, targets, weights = next(stream)  # batch(0, 10, 4)
         ```
         """
         batch_size = check_int(batch_size, "batch_size")
         seed = _streams.check_seed(seed)
-        start_step = check_int(
-            start_step,
-            "start_step",
-            minimum=0,
-            expected="a non-negative integer",
-        )
-        # Validate the sharding before building anything.
-        _streams.input_pipeline_layout(batch_size, input_context)
-
+        start_step = _streams.check_step(start_step, "start_step")
+        rows = _streams.shard_rows(batch_size, shard_index, num_shards)
         if train_size is None:
-            def global_batch(step):
-                return self._generate(
-                    _streams.stream_keys(seed, _streams.TRAIN_TAG, step),
-                    batch_size,
-                )
-        else:
-            train_size = check_int(
-                train_size,
-                "train_size",
-                expected="a positive integer, or None for fresh samples",
-            )
-            global_batch = self._pool_batch_fn(seed, batch_size, train_size)
+            return self._fresh_batches(seed, start_step, batch_size, rows)
+        train_size = check_int(
+            train_size,
+            "train_size",
+            expected="a positive integer, or None for fresh samples",
+        )
+        # Drawn now, not at the first `next`, so a pool too large for
+        # memory fails here.
+        pool = self._generate(
+            _streams.generator(seed, _streams.POOL_TAG, 0), train_size
+        )
+        return self._pool_batches(
+            pool, seed, start_step, batch_size, rows, train_size
+        )
 
-        steps = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
-        dataset = steps.map(
-            global_batch,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-        dataset = _streams.shard_global_batches(
-            dataset, batch_size, input_context
-        )
-        return dataset.prefetch(tf.data.AUTOTUNE)
+    def _fresh_batches(self, seed, step, batch_size, rows):
+        # The whole global batch is drawn and sliced, so a shard's rows do
+        # not depend on the number of shards.
+        rows = slice(rows.start, rows.stop)
+        while True:
+            batch = self.batch(seed, step, batch_size)
+            yield tuple(array[rows] for array in batch)
+            step += 1
+
+    def _pool_batches(self, pool, seed, step, batch_size, rows, train_size):
+        permutations = {}
+        while True:
+            index = _streams.pool_indices(
+                seed, step, batch_size, train_size, rows, permutations
+            )
+            yield tuple(array[index] for array in pool)
+            step += 1
 
     def heldout(self, num_examples=512, seed=0):
         """Fixed held-out examples, from a stream disjoint from training.
 
         Args:
             num_examples: Positive integer number of examples.
-            seed: Integer seed; the held-out stream is keyed on a different
-                tag than `batch`/`dataset`, so it never reuses their draws,
-                even for the same seed.
+            seed: Integer seed in `[0, 2**63)`; the held-out stream is keyed
+                on a different tag than `batch`/`batches` (and their pool),
+                so it never reuses their draws, even for the same seed.
 
         Returns:
             Tuple of numpy arrays `(tokens, targets, weights)`, shapes
@@ -289,59 +275,93 @@ class SequenceTask(abc.ABC):
         """
         num_examples = check_int(num_examples, "num_examples")
         seed = _streams.check_seed(seed)
-        tensors = self._generate(
-            _streams.stream_keys(seed, _streams.HELDOUT_TAG, 0), num_examples
+        return self._generate(
+            _streams.generator(seed, _streams.HELDOUT_TAG, 0), num_examples
         )
-        return tuple(np.asarray(tensor) for tensor in tensors)
 
-    def heldout_dataset(
-        self, batch_size, num_examples=512, seed=0, input_context=None
+    def heldout_batches(
+        self, batch_size, num_examples=512, seed=0, shard_index=0,
+        num_shards=1,
     ):
-        """Finite dataset over `heldout(num_examples, seed)`.
+        """Finite stream of the batches of `heldout(num_examples, seed)`.
 
         Args:
             batch_size: Positive integer global batch size, at most
                 `num_examples`; a last partial batch is dropped.
             num_examples: Positive integer number of held-out examples.
             seed: Integer seed of the held-out set.
-            input_context: Optional `tf.distribute.InputContext`, sharded as
-                in `dataset`.
+            shard_index: Integer in `[0, num_shards)`, this shard.
+            num_shards: Positive integer dividing `batch_size`; sharded as
+                in `batches`.
 
         Returns:
-            A finite `tf.data.Dataset` of `(tokens, targets, weights)`.
+            An iterator of `num_examples // batch_size` numpy tuples
+            `(tokens, targets, weights)`, shapes
+            `(batch_size // num_shards, seq_len)`.
         """
         batch_size = check_int(batch_size, "batch_size")
         num_examples = check_int(num_examples, "num_examples")
         if batch_size > num_examples:
             raise ValueError(
                 f"`batch_size` must be at most num_examples ({num_examples}), "
-                f"else the held-out dataset is empty; received {batch_size}."
+                f"else there is no held-out batch; received {batch_size}."
             )
-        _streams.input_pipeline_layout(batch_size, input_context)
+        rows = _streams.shard_rows(batch_size, shard_index, num_shards)
         arrays = self.heldout(num_examples=num_examples, seed=seed)
-        dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(
-            batch_size, drop_remainder=True
+        starts = range(0, num_examples - batch_size + 1, batch_size)
+        return (
+            tuple(
+                array[start + rows.start : start + rows.stop]
+                for array in arrays
+            )
+            for start in starts
         )
-        dataset = _streams.shard_global_batches(
-            dataset, batch_size, input_context
-        )
-        return dataset.prefetch(tf.data.AUTOTUNE)
 
-    def _symbols_and_lengths(self, key, batch_size, max_len):
+    def weighted_sums(self, targets, logits, weights):
+        """The weighted sums of the loss and of the correct predictions.
+
+        Written in `keras.ops` only, so it runs on every Keras backend and
+        inside a compiled (traced) step. The trainer divides both sums by
+        the GLOBAL weight (`weights` summed over the whole global batch, all
+        shards and replicas together) to get the mean loss and accuracy;
+        dividing by that one number makes the shards' summed gradients the
+        gradient of the global-batch mean loss.
+
+        Args:
+            targets: int `(batch, seq_len)` class ids.
+            logits: float `(batch, seq_len, num_classes)`; cast to float32.
+            weights: float `(batch, seq_len)` position weights.
+
+        Returns:
+            Two float32 scalars: the sum over positions of the sparse
+            cross-entropy from logits times `weights`, and the sum of
+            `(argmax(logits) == targets)` times `weights`.
+        """
+        ops = keras.ops
+        logits = ops.cast(logits, "float32")
+        targets = ops.cast(targets, "int32")
+        weights = ops.cast(weights, "float32")
+        per_position = ops.sparse_categorical_crossentropy(
+            targets, logits, from_logits=True
+        )
+        predicted = ops.cast(ops.argmax(logits, axis=-1), "int32")
+        correct = ops.cast(ops.equal(predicted, targets), "float32")
+        return ops.sum(per_position * weights), ops.sum(correct * weights)
+
+    def _symbols_and_lengths(self, rng, batch_size, max_len):
         """Random content symbols `first_symbol_id .. vocab_size - 1` on
         every position, and per-example content lengths (`max_len`, or
         uniform in `[min_len, max_len]` when the task has variable length)."""
-        symbol_key, length_key = _streams.split_key(key, 2)
-        symbols = _streams.uniform_ints(
-            symbol_key,
-            [batch_size, self.seq_len],
+        symbols = rng.integers(
             self.first_symbol_id,
             self.vocab_size,
+            size=(batch_size, self.seq_len),
+            dtype=np.int32,
         )
         if self.min_len is None:
-            lengths = tf.fill([batch_size], tf.constant(max_len, tf.int32))
+            lengths = np.full(batch_size, max_len, np.int32)
         else:
-            lengths = _streams.uniform_ints(
-                length_key, [batch_size], self.min_len, max_len + 1
+            lengths = rng.integers(
+                self.min_len, max_len + 1, size=batch_size, dtype=np.int32
             )
         return symbols, lengths

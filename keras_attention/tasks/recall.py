@@ -1,9 +1,7 @@
 """`RecallTask`: one-hop associative recall over (key, value) pair tokens."""
 
 import numpy as np
-import tensorflow as tf
 
-from keras_attention.tasks import _streams
 from keras_attention.tasks.base import SequenceTask
 from keras_attention.validation import check_int
 
@@ -86,31 +84,31 @@ class RecallTask(SequenceTask):
         return [(query, int(column))
                 for column in np.flatnonzero(keys[:query] == keys[query])]
 
-    def _generate(self, key, batch_size):
-        key_key, value_key, query_key = _streams.split_key(key, 3)
-        # The indices of the top `num_pairs` of i.i.d. noise are a uniformly
-        # random set of distinct keys in random order.
-        noise = tf.random.stateless_uniform(
-            [batch_size, self.num_keys], seed=key_key, alg=_streams.RNG_ALG
+    def _generate(self, rng, batch_size):
+        # A uniformly random order of all keys per example; its first
+        # `num_pairs` entries are a uniformly random set of distinct keys in
+        # random order. A shuffle (integer draws) rather than the top-k of
+        # float noise, so no float rounding can differ between machines.
+        all_keys = np.broadcast_to(
+            np.arange(self.num_keys, dtype=np.int32),
+            (batch_size, self.num_keys),
         )
-        keys = tf.math.top_k(noise, k=self.num_pairs, sorted=True).indices
-        values = _streams.uniform_ints(
-            value_key, [batch_size, self.num_pairs], 0, self.num_values
+        keys = rng.permuted(all_keys, axis=1)[:, : self.num_pairs]
+        values = rng.integers(
+            0, self.num_values, size=(batch_size, self.num_pairs),
+            dtype=np.int32,
         )
-        query_index = _streams.uniform_ints(
-            query_key, [batch_size], 0, self.num_pairs
-        )
-        query = tf.gather(keys, query_index, batch_dims=1)
-        answer = tf.gather(values, query_index, batch_dims=1)
+        query_index = rng.integers(0, self.num_pairs, size=batch_size)
+        examples = np.arange(batch_size)
+        query = keys[examples, query_index]
+        answer = values[examples, query_index]
 
         radix = self.num_values + 1
-        pair_ids = 1 + keys * radix + values
-        query_ids = 1 + query * radix + self.num_values
-        tokens = tf.concat([pair_ids, query_ids[:, None]], axis=1)
-        no_target = tf.zeros([batch_size, self.num_pairs], tf.int32)
-        targets = tf.concat([no_target, answer[:, None]], axis=1)
-        weights = tf.concat(
-            [tf.zeros([batch_size, self.num_pairs]), tf.ones([batch_size, 1])],
-            axis=1,
-        )
+        tokens = np.empty((batch_size, self.seq_len), np.int32)
+        tokens[:, :-1] = 1 + keys * radix + values
+        tokens[:, -1] = 1 + query * radix + self.num_values
+        targets = np.zeros((batch_size, self.seq_len), np.int32)
+        targets[:, -1] = answer
+        weights = np.zeros((batch_size, self.seq_len), np.float32)
+        weights[:, -1] = 1.0
         return self._finish(tokens, targets, weights, batch_size)

@@ -3,7 +3,6 @@
 import abc
 
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.tasks.base import SequenceTask
 from keras_attention.validation import check_int
@@ -41,13 +40,13 @@ class _PaddedSymbolsTask(SequenceTask):
         self.min_len = _check_min_len(min_len, self.seq_len, "seq_len")
         self.num_classes = self.vocab_size
 
-    def _generate(self, key, batch_size):
+    def _generate(self, rng, batch_size):
         # Random symbols on the first `length` positions, padding after.
         symbols, lengths = self._symbols_and_lengths(
-            key, batch_size, self.seq_len
+            rng, batch_size, self.seq_len
         )
-        valid = tf.range(self.seq_len)[None, :] < lengths[:, None]
-        tokens = tf.where(valid, symbols, self.pad_id)
+        valid = np.arange(self.seq_len)[None, :] < lengths[:, None]
+        tokens = np.where(valid, symbols, self.pad_id)
         targets = self._targets(tokens, lengths, valid)
         return self._finish(tokens, targets, valid, batch_size)
 
@@ -88,8 +87,11 @@ class ReverseTask(_PaddedSymbolsTask):
     name = "reverse"
 
     def _targets(self, tokens, lengths, valid):
-        # Reverses only the first `length` entries; padding stays in place.
-        return tf.reverse_sequence(tokens, lengths, seq_axis=1, batch_axis=0)
+        # Position i < length reads position length - 1 - i; padding reads
+        # itself, so it stays in place.
+        positions = np.arange(self.seq_len)[None, :]
+        source = np.where(valid, lengths[:, None] - 1 - positions, positions)
+        return np.take_along_axis(tokens, source, axis=1)
 
     def _example_target_cells(self, tokens):
         length = len(self._content(tokens))
@@ -123,10 +125,10 @@ class SortTask(_PaddedSymbolsTask):
 
     def _targets(self, tokens, lengths, valid):
         # Padding is lifted above every symbol so it sorts to the end.
-        sorted_tokens = tf.sort(
-            tf.where(valid, tokens, self.vocab_size), axis=1
+        sorted_tokens = np.sort(
+            np.where(valid, tokens, self.vocab_size), axis=1
         )
-        return tf.where(valid, sorted_tokens, 0)
+        return np.where(valid, sorted_tokens, 0)
 
     def _example_target_cells(self, tokens):
         # A repeated symbol sits at several positions; each is a source.
@@ -204,27 +206,27 @@ class CopyTask(SequenceTask):
         length = int(delimiters[0])
         return [(length + 1 + column, column) for column in range(length)]
 
-    def _generate(self, key, batch_size):
+    def _generate(self, rng, batch_size):
         symbols, lengths = self._symbols_and_lengths(
-            key, batch_size, self.copy_len
+            rng, batch_size, self.copy_len
         )
         lengths = lengths[:, None]
-        positions = tf.range(self.seq_len)[None, :]
+        positions = np.arange(self.seq_len)[None, :]
         is_content = positions < lengths
         is_answer = (positions > lengths) & (positions <= 2 * lengths)
-        tokens = tf.where(
+        tokens = np.where(
             is_content,
             symbols,
-            tf.where(
+            np.where(
                 positions == lengths,
                 self.delimiter_id,
-                tf.where(is_answer, self.blank_id, self.pad_id),
+                np.where(is_answer, self.blank_id, self.pad_id),
             ),
         )
         # Answer position l + 1 + i holds symbol i.
-        source = tf.clip_by_value(positions - lengths - 1, 0, self.seq_len - 1)
-        copied = tf.gather(
-            symbols, tf.broadcast_to(source, tf.shape(symbols)), batch_dims=1
+        source = np.clip(positions - lengths - 1, 0, self.seq_len - 1)
+        copied = np.take_along_axis(
+            symbols, np.broadcast_to(source, symbols.shape), axis=1
         )
-        targets = tf.where(is_answer, copied, 0)
+        targets = np.where(is_answer, copied, 0)
         return self._finish(tokens, targets, is_answer, batch_size)
