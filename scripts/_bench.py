@@ -1,7 +1,8 @@
-"""What the benchmark scripts share: flags, TensorFlow set-up, clocks, the
+"""What the benchmark scripts share: flags, backend set-up, clocks, the
 order of interleaved rounds, tables, hand-written projections and FLOPs.
 
-Import it first: it sets the Keras backend and TensorFlow's log level before
+Import it first: it sets the Keras backend (`--backend B` on the command
+line, else KERAS_BACKEND, else tensorflow) and TensorFlow's log level before
 Keras is imported, and puts the source checkout on `sys.path` so the scripts
 run without installing the package. Everything here needs only the library
 and `pipelines.common`; what the trainer benchmarks share lives in
@@ -13,16 +14,32 @@ import os
 import sys
 import time
 
+def _backend_flag(argv):
+    for index, arg in enumerate(argv):
+        if arg == "--backend" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+if _backend_flag(sys.argv[1:]) in ("tensorflow", "jax", "torch"):
+    os.environ["KERAS_BACKEND"] = _backend_flag(sys.argv[1:])
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-# pipelines.common imports the library, hence Keras and TensorFlow (about 3 s):
-# `--help` is no faster with the framework imported lazily, so it is not.
+# pipelines.common imports the library, hence Keras and its backend (about
+# 3 s): `--help` is no faster with the framework imported lazily, so it is
+# not.
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+# TensorFlow only where the benchmark runs on it (the TF-only benchmarks
+# refuse other backends in `setup_tensorflow`).
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf  # noqa: E402
 
 from pipelines.common import OneLineErrorParser  # noqa: E402
 
@@ -111,19 +128,21 @@ def add_flag(parser, flag, default, help, parse=positive_int):
 
 
 # ------------------------------------------------------------- set-up
-def setup_tensorflow(prog, threads=None):
-    """Checks the Keras backend, sets TensorFlow's thread counts (before its
-    first op) and silences its Python logger.
+def setup_tensorflow(prog, threads=None, backends=("tensorflow",)):
+    """Checks the Keras backend; on TensorFlow sets its thread counts
+    (before its first op) and silences its Python logger.
 
-    Exits with status 2 unless Keras runs on TensorFlow.
+    Exits with status 2 unless Keras runs on one of `backends`.
     """
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() not in backends:
         fail(
             prog,
-            "needs the tensorflow Keras backend; KERAS_BACKEND is "
-            f"{keras.backend.backend()!r}",
+            f"needs the Keras backend {' or '.join(backends)}; KERAS_BACKEND "
+            f"is {keras.backend.backend()!r}",
             status=2,
         )
+    if keras.backend.backend() != "tensorflow":
+        return
     if threads is not None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -338,17 +357,20 @@ def measure_matmul_flops(size=2048, dtype="float32", seconds=2.0):
     Chains several matmuls per call so the timing is not dominated by
     dispatch; returns the best of the samples taken in `seconds`.
     """
-    a = tf.random.stateless_normal([size, size], seed=[1, 2], dtype=dtype)
-    b = tf.random.stateless_normal([size, size], seed=[3, 4], dtype=dtype)
+    rng = np.random.default_rng(12)
+    a = keras.ops.convert_to_tensor(
+        rng.standard_normal((size, size)).astype(dtype))
     # Scaled so that chained products keep a finite magnitude.
-    b = b / tf.cast(size, dtype) ** 0.5
+    b = keras.ops.convert_to_tensor(
+        (rng.standard_normal((size, size)) / size ** 0.5).astype(dtype))
     chain = 4
 
-    @tf.function
     def run(x):
+        # Eager ops on the running backend: at this size the dispatch of
+        # four ops is far below the matmuls' time.
         for _ in range(chain):
-            x = tf.matmul(x, b)
-        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+            x = keras.ops.matmul(x, b)
+        return float(keras.ops.convert_to_numpy(x[0, 0]))
 
     float(run(a))  # Trace and warm up.
     flops_per_call = 2.0 * size ** 3 * chain

@@ -14,8 +14,11 @@ Runs, in one process, on the same task stream and global batch:
   value_dim, feed-forward, pre-norm layer norms, classifier, no biases in the
   attention; the embedding layers are the library's own so that only the
   attention layer and the training loop differ), compiled with the same
-  optimizer and the same `jit_compile`, fed by the same `task.dataset(...)`
+  optimizer and the same `jit_compile`, fed by the same `task.batches(...)`
   as `(tokens, targets, sample_weight)`;
+
+both on the Keras backend `--backend` names (default: KERAS_BACKEND, else
+tensorflow).
 
 Each variant runs `--rounds` times (in reversed order every other round, so
 the slow spells of a shared machine and first-run effects do not all land on
@@ -50,6 +53,7 @@ Usage:
 Bad arguments exit with status 2 and one line on stderr.
 """
 
+import itertools
 import json
 import os
 import statistics
@@ -60,13 +64,13 @@ import _bench  # first: backend, log level, sys.path
 import _training
 from _bench import add_flag
 from _bench import keras
-from _bench import tf
 
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.embeddings import PositionEmbedding
 from pipelines.builders import build_optimizer
 from pipelines.compare.arms import PRESETS as COMPARE_PRESETS
 from pipelines.config import TrainConfig
+from pipelines.devices import open_run_devices
 
 PROG = "bench_train.py"
 TASKS = ("recall", "reverse", "sort", "copy")
@@ -94,9 +98,14 @@ def parse_args(argv=None):
     add_flag(parser, "--d-model", None, "model width (default: the task's)")
     add_flag(parser, "--layers", None,
              "attention blocks (default: the task's)")
-    parser.add_argument("--jit", choices=("on", "off"), default="off",
-                        help="XLA for both trainers (default off, the "
-                        "trainer's choice on a CPU)")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                        default=None,
+                        help="Keras backend (read before Keras is imported; "
+                        "default: KERAS_BACKEND, else tensorflow)")
+    parser.add_argument("--jit", choices=("on", "off"), default=None,
+                        help="XLA for both trainers (default: the "
+                        "trainer's choice: off on a CPU with TensorFlow, on "
+                        "with JAX, off with torch)")
     add_flag(parser, "--key-dim", None, "d_k (default: the task's)")
     parser.add_argument("--scale", choices=("sqrt", "none", "inverse"),
                         help="score scale (default: the task's)")
@@ -183,9 +192,9 @@ def run_plain_fit(config, task, warmup, synthetic=False):
         weighted_metrics=["sparse_categorical_accuracy"],
         jit_compile=config.jit_compile == "on",
     )
-    data = task.dataset(config.batch_size, config.seed)
+    data = task.batches(config.batch_size, config.seed)
     if synthetic:
-        data = data.take(1).cache().repeat()
+        data = itertools.repeat(next(data))
 
     ends = []
 
@@ -221,7 +230,8 @@ def _verdict(ok, difference, noise):
 
 def bench_settings(args):
     """The settings the benchmark trains with, over the defaults."""
-    settings = dict(task=args.task, steps=args.steps, jit_compile=args.jit,
+    settings = dict(task=args.task, steps=args.steps,
+                    jit_compile=args.jit or "auto",
                     strategy="default", precision="float32")
     if args.compare_preset:
         preset = dict(COMPARE_PRESETS[args.compare_preset].train)
@@ -238,8 +248,10 @@ def bench_settings(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    _bench.setup_tensorflow(PROG)
+    _bench.setup_tensorflow(PROG, backends=("tensorflow", "jax", "torch"))
     config, task = _training.resolved_config(PROG, bench_settings(args))
+    # The trainer's own resolution of "auto", so that fit compiles alike.
+    config, _ = open_run_devices(config)
     tokens_per_step = config.batch_size * task.seq_len
     flops_per_token = _bench.model_flops_per_token(config, task)
 
@@ -250,8 +262,8 @@ def main(argv=None):
           f"{4 * config.d_model if config.ff_dim is None else config.ff_dim}"
           f"; optimizer {config.optimizer}; jit_compile {config.jit_compile} "
           f"for both; {config.steps} steps per run, first {args.warmup} "
-          f"untimed; TF {tf.__version__}, {os.cpu_count()} CPU(s), "
-          f"GPUs: {len(tf.config.list_physical_devices('GPU'))}")
+          f"untimed; Keras {keras.__version__} on {config.backend}, "
+          f"{os.cpu_count()} CPU(s)")
     print(f"model FLOPs/token (fwd+bwd matmuls): {flops_per_token:,.0f}")
 
     matmul = _bench.measure_matmul_flops(args.matmul_size)

@@ -25,6 +25,7 @@ from keras_attention.tasks import make_task
 from pipelines.cli import main
 from pipelines.common import UsageError
 from pipelines.builders import build_model
+from pipelines.checkpoints import last_checkpointed_step
 from pipelines.config import TASK_DEFAULTS
 from pipelines.config import Layer
 from pipelines.config import TrainConfig
@@ -273,7 +274,7 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
     assert resolved == config.replace(precision="float32", jit_compile="off")
     assert (run_dir / "model.keras").is_file()
     checkpoints = os.listdir(run_dir / "checkpoints")
-    assert "ckpt-20.index" in checkpoints and "ckpt-10.index" in checkpoints
+    assert sorted(checkpoints) == ["ckpt-10.npz", "ckpt-20.npz"]
     assert metrics == json.loads((run_dir / "metrics.json").read_text())
 
     # Train scalars every log_every steps. Update s (1-based) uses the rate
@@ -390,8 +391,7 @@ KILL_ARGV = [
 
 
 def _checkpoint_step(run_dir):
-    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
-    return int(latest.rsplit("-", 1)[1]) if latest else 0
+    return last_checkpointed_step(str(run_dir / "checkpoints")) or 0
 
 
 def _logged_train_steps(run_dir):
