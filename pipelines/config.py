@@ -115,9 +115,12 @@ TASK_DEFAULTS = {
 }
 
 # Fields that may differ between a run and its resumption: they change how
-# the run is executed or reported, not what it computes.
+# the run is executed or reported, never its trajectory. `steps` is not one
+# of them: it sets the length of the cosine schedule (a 20-step run
+# continued to 40 ended at held-out loss 2.98989, a fresh 40-step run at
+# 2.99765), so a run keeps the steps it started with.
 RUNTIME_FIELDS = (
-    "steps", "eval_every", "diagnostics_every", "heatmap_every",
+    "eval_every", "diagnostics_every", "heatmap_every",
     "checkpoint_every", "log_every", "target_accuracy", "strategy",
     "jit_compile", "logdir", "export", "verbose",
 )

@@ -184,8 +184,9 @@ def add_train_arguments(parser):
 
     devices = parser.add_argument_group("devices")
     _add(devices, "backend", help="Keras backend, set before Keras is "
-         "imported (default: KERAS_BACKEND, else ~/.keras/keras.json, else "
-         "tensorflow)")
+         "imported (default: the running Keras backend; KERAS_BACKEND or "
+         "~/.keras/keras.json choose it, as for any Keras program, and "
+         "tensorflow without them)")
     _add(devices, "strategy", help="distribution strategy (default: "
          "{default})")
     _add(devices, "precision", help="dtype policy (default: {default})")

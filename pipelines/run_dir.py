@@ -32,6 +32,7 @@ from pipelines.checkpoints import load_newest
 from pipelines.checkpoints import remove_partial_checkpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
+from pipelines.common import one_line
 from pipelines.common import WriteFailure
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
@@ -99,9 +100,11 @@ def config_mismatch(run_dir, config):
     try:
         with open(path) as handle:
             stored = json.load(handle)
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, RecursionError) as error:
+        # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError).
         raise UsageError(
-            f"--logdir {run_dir}: cannot read {CONFIG_FILE} ({error})"
+            f"--logdir {run_dir}: cannot read {CONFIG_FILE} "
+            f"({type(error).__name__}: {one_line(error)})"
         ) from None
     wanted = config.to_dict()
     changed = [
@@ -114,10 +117,8 @@ def config_mismatch(run_dir, config):
         return None
     origins = {name: config.sources.get(name, "") for name in changed}
     given = [name for name in changed if not origins[name].startswith(_DERIVED)]
-    if given:
-        name = given[0]
-        return Mismatch(name, stored.get(name), wanted.get(name))
-    origin = origins[changed[0]][len(_DERIVED):]
+    # The setting to name: a given one, or the one the derived ones follow.
+    origin = (given[0] if given else origins[changed[0]][len(_DERIVED):])
     return Mismatch(
         origin, stored.get(origin), wanted.get(origin),
         tuple(
@@ -138,6 +139,18 @@ def check_resumable(config):
         )
 
 
+def completed_metrics(config):
+    """The stored metrics when `config.logdir` holds this config's run,
+    finished (all its steps, or stopped on a non-finite loss), else `None`.
+    A finished run is not trained again: nothing in it is rewritten."""
+    metrics = read_metrics(config.logdir)
+    if metrics is None or config_mismatch(config.logdir, config) is not None:
+        return None
+    finished = (metrics.get("steps", 0) >= config.steps
+                or metrics.get("diverged_at_step") is not None)
+    return metrics if finished else None
+
+
 def read_metrics(run_dir):
     """The run's `metrics.json`, or `None` when it has none (or it cannot be
     read)."""
@@ -147,7 +160,7 @@ def read_metrics(run_dir):
     try:
         with open(path) as handle:
             return json.load(handle)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -55,6 +55,8 @@ from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
+from pipelines.run_dir import completed_metrics
+from pipelines.run_dir import restore_model
 from pipelines.run_dir import save_model
 from pipelines.run_dir import writing_run
 from pipelines.steps import build_parts
@@ -75,7 +77,19 @@ def add_arguments(parser):
 def run(args):
     """Runs `keras-attention train` for parsed `args`; returns the exit
     status."""
-    metrics = train(config_from_args(args))
+    config = config_from_args(args)
+    config.validate()
+    complete = completed_metrics(config)
+    if complete is not None:
+        done = "nothing to do"
+        if config.export is not None:
+            check_out_path(config.export, flag="--export")
+            written, _ = export_run(config.logdir, config.export)
+            done = f"exported it to {written}"
+        print(f"keras-attention train: the run in {config.logdir} is "
+              f"complete ({complete['steps']} steps); {done}")
+        return 0
+    metrics = train(config)
     if metrics.get("diverged_at_step") is not None:
         print(
             f"keras-attention train: error: the loss became non-finite at "
@@ -137,6 +151,11 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
     config.validate()
     config, devices = open_run_devices(config)
     check_resumable(config)
+    finished = completed_metrics(config)
+    if finished is not None:
+        # Rerunning a finished run changes no byte of it.
+        return (finished, restore_model(config.logdir)) if return_model \
+            else finished
     if config.export is not None:
         # Now, not after training: a taken or unwritable path would
         # otherwise fail only once the run is done.

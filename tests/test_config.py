@@ -201,7 +201,8 @@ def test_help_states_the_defaults_a_run_uses():
             continue
         stated = stated.group(1)
         if stated in ("runs/<task>", "key-dim", "fixed length",
-                      "fresh samples every step", "4 * d-model"):
+                      "fresh samples every step", "4 * d-model",
+                      "the running Keras backend"):
             continue  # Defaults described in words.
         per_task = dict(
             part.split(" ", 1) for part in stated.split(", ")
@@ -247,8 +248,13 @@ def test_changing_steps_names_steps_not_only_the_derived_warmup(
     # A given setting that differs is named as before.
     other = wanted.replace(key_dim=32)
     assert config_mismatch(str(logdir), other)[:3] == ("key_dim", 16, 32)
-    # With --warmup-steps given, only steps differs, and steps may.
+    # With --warmup-steps given, only steps differs, and it is refused too:
+    # it sets the length of the cosine schedule, so the run would not be
+    # the 30-step run it would be recorded as.
     same = config_from_args(parse_args(
         [*argv[1:], "--steps", "30", "--warmup-steps", "2"]
     )).replace(precision="float32")
-    assert config_mismatch(str(logdir), same) is None
+    mismatch = config_mismatch(str(logdir), same)
+    assert (mismatch.name, mismatch.stored, mismatch.wanted,
+            mismatch.derived) == ("steps", 20, 30, ())
+    assert config_mismatch(str(logdir), stored) is None

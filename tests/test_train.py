@@ -492,3 +492,36 @@ def test_heatmap_images_come_every_heatmap_every_steps(tmp_path, tiny_config):
         0, 5, 10, 15, 20]
     assert sorted(eval_tags["attention/attention_0/heatmap/head0"]) == [
         0, 10, 20]
+
+
+def _file_digests(directory):
+    return {
+        os.path.relpath(os.path.join(root, name), directory):
+            open(os.path.join(root, name), "rb").read()
+        for root, _, names in os.walk(directory) for name in names
+    }
+
+
+def test_rerun_of_a_finished_run_changes_no_byte_and_steps_are_identity(
+        tmp_path, capsys):
+    """Issue 23, 1 and 2: a second identical command says the run is
+    complete and leaves every file as it was; a changed --steps (the cosine
+    schedule's length) is refused in one line, with config.json intact."""
+    logdir = tmp_path / "run"
+    argv = ["train", "--key-dim", "8", "--d-model", "16", "--batch-size",
+            "8", "--heldout-size", "32", "--steps", "20", "--eval-every",
+            "10", "--checkpoint-every", "10", "--quiet", "--logdir",
+            str(logdir)]
+    assert main(argv) == 0
+    before = _file_digests(logdir)
+    capsys.readouterr()
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.strip() == (f"keras-attention train: the run in {logdir} is "
+                           "complete (20 steps); nothing to do")
+    assert _file_digests(logdir) == before
+    assert main([*argv, "--steps", "40", "--warmup-steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "steps: 20 there, 40 now" in err[0], err
+    assert _file_digests(logdir) == before

@@ -15,6 +15,7 @@ import keras
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
+from pipelines.run_dir import completed_metrics
 from pipelines.run_dir import config_mismatch
 from pipelines.run_dir import read_metrics
 from pipelines.train import train
@@ -37,14 +38,7 @@ def check_run_directory(spec):
 def is_complete(spec):
     """Whether the run has finished all its steps (or stopped on a
     non-finite loss, which training again would only repeat)."""
-    metrics = read_metrics(spec.config.logdir)
-    if metrics is None or config_mismatch(spec.config.logdir,
-                                          spec.config) is not None:
-        return False
-    return (
-        metrics.get("steps", 0) >= spec.config.steps
-        or metrics.get("diverged_at_step") is not None
-    )
+    return completed_metrics(spec.config) is not None
 
 
 # ------------------------------------------------------------ training
