@@ -156,6 +156,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         self.implementation = implementation
         self.supports_masking = True
         self._recorder = None
+        self._score_offset = None  # set by `record_attention` while recording
 
     # ------------------------------------------------------------------ build
     def build(self, query_shape, value_shape=None, key_shape=None):
@@ -410,6 +411,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
             dropout_rate=self.dropout,
             training=dropout_active,
             seed_generator=self.seed_generator,
+            score_offset=self._score_offset,
         )
         if self._recorder is not None:
             self._recorder[self.name] = {

@@ -270,16 +270,19 @@ def scaled_dot_product_attention(
 
 
 def attend(query, key, value, mask, scale, dropout_rate=0.0, training=False,
-           seed_generator=None):
+           seed_generator=None, score_offset=None):
     """The explicit computation behind `scaled_dot_product_attention` and
-    the layer, without argument checks.
+    the layer, without argument checks; `score_offset` (broadcast to the
+    scores, cast to their dtype) is added to the scores before the softmax.
 
     Returns:
         `(output (B, T, H, d_v), weights (B, H, T, S), scores (B, H, T, S))`:
-        weights before dropout, scores scaled and before masking.
+        weights before dropout, scores scaled, before masking and the offset.
     """
     scores = attention_scores(query, key, scale)
-    weights = masked_softmax(scores, mask)
+    shifted = scores if score_offset is None else (
+        scores + ops.cast(score_offset, scores.dtype))
+    weights = masked_softmax(shifted, mask)
     used_weights = weights
     if training and dropout_rate > 0.0:
         used_weights = keras.random.dropout(

@@ -5,10 +5,12 @@ gradient helpers of `_backends`, and compared with numpy references written
 here or with a second code path (gradients of the custom backward passes
 against automatic differentiation of the path that returns the weights).
 They run on TensorFlow in this process; `test_cases_pass_under` runs them,
-with one case of every behaviour of test_layer.py and the Keras harness
-tests, on jax and torch in child runs (everything under `-m slow`).
-`test_torch_matches_tensorflow` loads a `.keras` file saved here into a
-torch process and compares outputs, gradients and diagnostics.
+with one case of every behaviour of test_layer.py, the Keras harness tests
+and the diagnostics probe against numpy (test_probe.py), on jax and torch in
+child runs (everything under `-m slow`). `test_torch_matches_tensorflow`
+loads a `.keras` file saved here into a torch process and compares outputs
+and gradients; `test_probe_matches_tensorflow` loads it into a jax and a
+torch process and compares the probe's gradient norms and statistics.
 """
 
 import json
@@ -247,7 +249,6 @@ TORCH_SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np, keras, torch
     import keras_attention
-    from keras_attention.diagnostics import probe_diagnostics
     assert keras.backend.backend() == "torch"
     model = keras.saving.load_model(sys.argv[1])
     data = np.load(sys.argv[2])
@@ -259,8 +260,31 @@ TORCH_SCRIPT = textwrap.dedent(
     for i, g in enumerate(grads):
         out[f"grad_{i}"] = keras.ops.convert_to_numpy(g)
     np.savez(sys.argv[3], **out)
-    result = probe_diagnostics(model, tokens, targets, weight)
-    print(json.dumps(result["summary"]))
+    """
+)
+# The probe of the same model on another backend: eager and compiled, the
+# numbers `_probe_numbers` keeps, as JSON on the last line.
+PROBE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, keras
+    import keras_attention
+    from keras_attention.diagnostics import diagnostics_probe
+    from keras_attention.diagnostics import probe_diagnostics
+    assert keras.backend.backend() == sys.argv[3]
+    model = keras.saving.load_model(sys.argv[1])
+    data = np.load(sys.argv[2])
+    batch = data["tokens"], data["targets"], data["weight"]
+    results = {"eager": probe_diagnostics(model, *batch),
+               "compiled": diagnostics_probe(model)(*batch)}
+    print(json.dumps({kind: {"loss": result["loss"],
+                             "summary": result["summary"],
+                             "layers": {name: {key: float(np.mean(value))
+                                               for key, value in stats.items()
+                                               if key != "weights"}
+                                        for name, stats
+                                        in result["layers"].items()}}
+                      for kind, result in results.items()}))
     """
 )
 
@@ -276,15 +300,9 @@ def _tiny_model():
     return keras.Model(tokens, keras.layers.Dense(13)(x))
 
 
-@from_outer_run
-def test_torch_matches_tensorflow(tmp_path):
-    """A `.keras` file saved on TensorFlow, loaded on torch: the same logits,
-    gradients of every weight and diagnostics, float32 within 1e-5."""
-    pytest.importorskip("torch")
-    import tensorflow as tf
-
-    from keras_attention.diagnostics import probe_diagnostics
-
+def _saved_tiny_model(tmp_path):
+    """`(model, tokens, targets, weight, upstream)`, the model saved as
+    tmp_path/model.keras and the arrays as tmp_path/data.npz."""
     keras.utils.set_random_seed(3)
     model = _tiny_model()
     tokens = RNG.integers(1, 13, size=(3, 9)).astype("int32")
@@ -292,23 +310,39 @@ def test_torch_matches_tensorflow(tmp_path):
     targets = RNG.integers(0, 13, size=(3, 9)).astype("int32")
     weight = (tokens != 0).astype("float32")
     upstream = randn(3, 9, 13)
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "data.npz", tokens=tokens, targets=targets,
+             weight=weight, upstream=upstream)
+    return model, tokens, targets, weight, upstream
+
+
+def _run_script(script, backend, *arguments):
+    """The last line of what `script` prints, under KERAS_BACKEND=`backend`."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, arguments)],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+        env={**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu",
+             "PYTHONPATH": os.pathsep.join(
+                 filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (result.stdout.strip().splitlines() or [""])[-1]
+
+
+@from_outer_run
+def test_torch_matches_tensorflow(tmp_path):
+    """A `.keras` file saved on TensorFlow, loaded on torch: the same logits
+    and gradients of every weight, float32 within 1e-5."""
+    pytest.importorskip("torch")
+    import tensorflow as tf
+
+    model, tokens, _, _, upstream = _saved_tiny_model(tmp_path)
     with tf.GradientTape() as tape:
         logits = model(tokens)
         loss = tf.reduce_sum(logits * upstream)
     grads = tape.gradient(loss, model.trainable_weights)
-    summary = probe_diagnostics(model, tokens, targets, weight)["summary"]
-    model.save(tmp_path / "model.keras")
-    np.savez(tmp_path / "data.npz", tokens=tokens, targets=targets,
-             weight=weight, upstream=upstream)
-    result = subprocess.run(
-        [sys.executable, "-c", TORCH_SCRIPT, str(tmp_path / "model.keras"),
-         str(tmp_path / "data.npz"), str(tmp_path / "out.npz")],
-        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-        env={**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(
-            filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    torch_summary = json.loads(result.stdout.strip().splitlines()[-1])
+    _run_script(TORCH_SCRIPT, "torch", tmp_path / "model.keras",
+                tmp_path / "data.npz", tmp_path / "out.npz")
     out = np.load(tmp_path / "out.npz")
     np.testing.assert_allclose(out["logits"], to_np(logits), atol=1e-5)
     for i, (variable, grad) in enumerate(zip(model.trainable_weights, grads)):
@@ -316,19 +350,54 @@ def test_torch_matches_tensorflow(tmp_path):
             out[f"grad_{i}"], to_np(grad), rtol=1e-5, atol=1e-5,
             err_msg=variable.path,
         )
-    assert torch_summary.keys() == summary.keys()
-    for key, value in summary.items():
-        np.testing.assert_allclose(torch_summary[key], value, rtol=1e-5,
-                                   atol=1e-6, err_msg=key)
+
+
+@from_outer_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_probe_matches_tensorflow(tmp_path, backend):
+    """The diagnostics probe of a `.keras` file saved on TensorFlow (two
+    layers: learned scale, qk-norm, biases, an output projection, causal
+    and padding masks), eager and compiled on `backend`: the same loss,
+    per-layer gradient norms of W_Q, W_K, W_V and the scores, and
+    statistics as the TensorFlow probe, float32 within 1e-5."""
+    pytest.importorskip(backend)
+    from keras_attention.diagnostics import probe_diagnostics
+
+    model, tokens, targets, weight, _ = _saved_tiny_model(tmp_path)
+    expected = probe_diagnostics(model, tokens, targets, weight)
+    found = json.loads(_run_script(
+        PROBE_SCRIPT, backend, tmp_path / "model.keras",
+        tmp_path / "data.npz", backend,
+    ))
+    for kind, result in found.items():
+        assert result["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+        assert result["summary"].keys() == expected["summary"].keys()
+        for key, value in expected["summary"].items():
+            np.testing.assert_allclose(result["summary"][key], value,
+                                       rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{kind} {key}")
+        assert result["layers"].keys() == expected["layers"].keys()
+        for name, stats in expected["layers"].items():
+            for key, value in stats.items():
+                if key == "weights":
+                    continue
+                if key.startswith("grad_norm"):
+                    assert value > 0, (name, key)
+                np.testing.assert_allclose(
+                    result["layers"][name][key], np.mean(value), rtol=1e-5,
+                    atol=1e-7, err_msg=f"{kind} {name} {key}",
+                )
 
 
 # ------------------------------------------------------ the child runs
 # One case of every behaviour by default (everything under -m slow): values
 # and weights, masks, rows without keys, gradients, bad arguments, mixed
 # precision, dropout, qk-norm, Keras masks, the scale modes, the
-# memory-efficient function and the harness (which saves and loads a
-# `.keras` file). JAX compiles every new shape of every eager op and every
-# fit() step, so its selection is the smallest (about 25 s of CPU); the
+# memory-efficient function, the harness (which saves and loads a `.keras`
+# file) and the diagnostics probe. JAX compiles every new shape of every
+# eager op and every fit() step, so its selection is the smallest (about
+# 30 s of CPU: the probe's three cases, eager with two layers, compiled and
+# the score offsets, add 4 s of the 10 s of all of test_probe.py); the
 # chunked function on JAX has its own default test in
 # test_memory_efficient.py.
 CORE = {
@@ -339,17 +408,20 @@ CORE = {
         "or bad_arguments or (mixed_precision and memory_efficient-mixed_bfloat16) "
         "or dropout_only or qk_norm_matches "
         "or (scale_modes and learned-fused) or auto_picks "
-        "or test_learned_scale_and_qk_norm_cross_attention or test_dropout"
+        "or test_learned_scale_and_qk_norm_cross_attention or test_dropout "
+        "or two_layer_probe or compiled_probe or score_offset_gradient"
     ),
     "torch": (
         "test_backends.py or test_layer_harness.py "
         "or (matches_reference and 4-learned-True-12-True) "
         "or (masks_match and False-all) or fully_masked or gradients_flow "
         "or bad_arguments or (output_only_gradients and float32) "
-        "or mixed_precision or dropout_only or qk_norm or keras_mask"
+        "or mixed_precision or dropout_only or qk_norm or keras_mask "
+        "or test_probe.py"
     ),
 }
-MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py"]
+MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py",
+           "test_probe.py"]
 
 
 @from_outer_run

@@ -1,0 +1,80 @@
+"""The probe's passes on TensorFlow: a `tf.GradientTape`, compiled with
+`tf.function`.
+
+The tape records the forward pass, so the gradient with respect to each
+layer's recorded scores (a tensor made inside the pass) is asked of it
+directly; no score offsets are needed. TensorFlow is imported inside the
+functions: this module is imported on every backend (see `probe`).
+"""
+
+import functools
+
+
+def forward_backward(model, layers, forward, tokens, targets, sample_weight):
+    """`(logits, loss, records, gradients)` of one pass, eagerly or traced.
+
+    Args:
+        model: the probed model.
+        layers: its attention layers by name.
+        forward: `forward(call, tokens, targets, sample_weight,
+            score_offsets)` from `probe`, returning `(logits, loss,
+            records)`.
+        tokens: model inputs.
+        targets: integer class ids.
+        sample_weight: float32 weights shaped like `targets`.
+
+    Returns:
+        The logits, the loss, the records by layer name, and `gradients`
+        mapping each recorded layer's name to the gradients of the loss
+        with respect to its W_Q, W_K, W_V and scores (zeros where the loss
+        does not depend on one, and for a kernel that is not trainable).
+    """
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits, loss, records = forward(
+            functools.partial(model, training=False),
+            tokens, targets, sample_weight, None,
+        )
+    sources = {
+        name: [
+            layers[name].query_kernel,
+            layers[name].key_kernel,
+            layers[name].value_kernel,
+            record["scores"],
+        ]
+        for name, record in records.items()
+    }
+    gradients = tape.gradient(
+        loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO
+    )
+    # The tape watches a frozen kernel too (Keras keeps its tf.Variable
+    # trainable); zeros, as on JAX and torch, whose passes differentiate
+    # only the trainable variables.
+    gradients = {
+        name: [
+            tf.zeros_like(grad) if not getattr(source, "trainable", True)
+            else grad
+            for source, grad in zip(sources[name], grads)
+        ]
+        for name, grads in gradients.items()
+    }
+    return logits, loss, records, gradients
+
+
+def compiled(model, layers, forward):
+    """`forward_backward` for `model` as one `tf.function`.
+
+    Traced on the first call and again only for a new input shape
+    (`reduce_retracing` relaxes the shapes after the second). A partial of
+    a module function, not a closure: TensorFlow counts traces per code
+    object, and a new probe for each run of a sweep would read as
+    retracing.
+    """
+    import tensorflow as tf
+
+    return tf.function(
+        functools.partial(forward_backward, model, layers, forward),
+        autograph=False,
+        reduce_retracing=True,
+    )
