@@ -161,10 +161,17 @@ def export_run(run_dir, path, format=None, overwrite=False):
     return written, format
 
 
+def _tensorflow_installed():
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except ImportError:  # A finder that refuses it.
+        return False
+
+
 def _export_in_tensorflow(run_dir, path, format, overwrite):
     """`export_run` in a child process running Keras on TensorFlow; its one
     line of error becomes this process's."""
-    if importlib.util.find_spec("tensorflow") is None:
+    if not _tensorflow_installed():
         raise UsageError(
             f"--format {format} needs TensorFlow, which is not installed "
             "(pip install tensorflow); --format keras exports without it"

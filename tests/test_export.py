@@ -639,3 +639,50 @@ def test_killed_export_leaves_the_existing_model_untouched(exported):
     ]
     assert len(staged) == 1
     assert os.path.isfile(os.path.join(parent, staged[0], "saved_model.pb"))
+
+
+_JAX_TRAIN_AND_EXPORT = textwrap.dedent("""
+    import sys
+
+    import numpy as np
+
+    from pipelines.cli import main
+    from pipelines.run_dir import restore_model
+
+    logdir, out, tokens_path, logits_path = sys.argv[1:5]
+    assert main(["train", "--backend", "jax", "--key-dim", "8",
+                 "--d-model", "16", "--batch-size", "8", "--heldout-size",
+                 "32", "--probe-size", "4", "--steps", "6", "--eval-every",
+                 "6", "--diagnostics-every", "6", "--checkpoint-every", "6",
+                 "--quiet", "--logdir", logdir]) == 0
+    # A SavedModel asked for in a JAX process: exported by a TensorFlow one.
+    assert main(["export", "--logdir", logdir, "--out", out]) == 0
+    tokens = np.load(tokens_path)
+    logits = restore_model(logdir)(tokens, training=False)
+    np.save(logits_path, np.asarray(logits, np.float32))
+""")
+
+
+def test_a_jax_run_exports_the_same_saved_model(tmp_path):
+    """Issue 17, 7: the SavedModel of a run trained on JAX, written from the
+    JAX process through a TensorFlow child, gives the JAX model's logits."""
+    logdir, out = tmp_path / "run", tmp_path / "saved"
+    # Ids of the default recall task's vocabulary (1 + 64 keys x 17).
+    tokens = np.random.default_rng(0).integers(1, 1089, (3, 17)).astype(
+        np.int32)
+    np.save(tmp_path / "tokens.npy", tokens)
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
+               JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    child = subprocess.run(
+        [sys.executable, "-c", _JAX_TRAIN_AND_EXPORT, str(logdir), str(out),
+         str(tmp_path / "tokens.npy"), str(tmp_path / "logits.npy")],
+        env=env, cwd=str(tmp_path), capture_output=True, text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert json.loads((logdir / "config.json").read_text())["backend"] == "jax"
+    served = tf.saved_model.load(str(out)).signatures["serving_default"]
+    got = served(tokens=tf.constant(tokens))["logits"].numpy()
+    np.testing.assert_allclose(got, np.load(tmp_path / "logits.npy"),
+                               rtol=1e-5, atol=1e-5)
