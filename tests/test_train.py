@@ -336,7 +336,7 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
     tokens, targets, weights = task.heldout(64, seed=5)
     model = keras.saving.load_model(run_dir / "model.keras")
     loss, accuracy = weighted_loss_and_accuracy(
-        np.asarray(model(tokens)), targets, weights
+        keras.ops.convert_to_numpy(model(tokens)), targets, weights
     )
     assert metrics["heldout_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert metrics["heldout_loss"] == pytest.approx(loss, rel=1e-5)
