@@ -4,21 +4,24 @@ Events are read through TensorBoard's own `EventFileLoader` (the reader the
 TensorBoard server uses; it swallows a record cut short by a crash), not
 TensorFlow's deprecated `summary_iterator`, which prints a deprecation
 warning on stderr whenever a run resumes. `LogWriter` skips the steps an
-earlier, killed run already logged. The HParams helpers (`hparams_of`,
-`write_experiment`) serve both `train` and `compare`.
+earlier, killed run already logged, through the library's TensorFlow-free
+`SummaryWriter`. The HParams helpers (`hparams_of`, `write_experiment`)
+serve both `train` and `compare`; they build the HParams protos with the
+plugin's `summary_v2` (its `api` module imports TensorFlow).
 """
 
+import glob
 import json
 import os
 from typing import NamedTuple
 
-import tensorflow as tf
 from tensorboard.backend.event_processing.event_file_loader import (
     EventFileLoader,
 )
-from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.util.tensor_util import make_ndarray
 
+from keras_attention.events import SummaryWriter
 from pipelines.failures import writing
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import TRAIN_LOGS
@@ -41,10 +44,11 @@ def read_event_scalars(directory):
         its file.
     """
     values = {}
-    if not tf.io.gfile.isdir(directory):
+    if not os.path.isdir(directory):
         return values
-    pattern = os.path.join(directory, "events.out.tfevents.*")
-    for path in sorted(tf.io.gfile.glob(pattern)):
+    # Escaped: a run directory's name may hold glob characters ("[").
+    pattern = os.path.join(glob.escape(directory), "events.out.tfevents.*")
+    for path in sorted(glob.glob(pattern)):
         for event in EventFileLoader(path).Load():
             for value in event.summary.value:
                 values.setdefault(value.tag, {})[int(event.step)] = (
@@ -82,18 +86,22 @@ class LogWriter:
 
     Attributes:
         previous: `{tag: {step: value}}` logged here before.
-        writer: the `tf.summary` writer.
+        writer: the `keras_attention.events.SummaryWriter` (a
+            `DiscardingWriter` on other workers). Its writes raise a refused
+            write as `OSError` from the call that wrote: write inside
+            `writing()`.
+
+    Raises:
+        WriteFailure: if the event file cannot be made.
     """
 
     def __init__(self, directory, is_chief):
         self.directory = directory
         self.previous = read_event_scalars(directory) if is_chief else {}
         self.last_logged = last_logged_step(self.previous)
-        self.writer = (
-            tf.summary.create_file_writer(directory)
-            if is_chief
-            else tf.summary.create_noop_writer()
-        )
+        with self.writing():
+            self.writer = (SummaryWriter(directory) if is_chief
+                           else DiscardingWriter())
 
     def wants(self, step):
         """Whether `step` is past everything logged here before."""
@@ -102,23 +110,36 @@ class LogWriter:
     def scalars(self, values, step):
         """Logs `{tag: value}` at `step`, each tag only past its last step
         logged before (a kill can land between two tags of one step)."""
-        with self._writing(), self.writer.as_default():
+        with self.writing():
             for tag, value in values.items():
                 if step > max(self.previous.get(tag, {-1: None})):
-                    tf.summary.scalar(tag, value, step=step)
+                    self.writer.scalar(tag, value, step)
 
     def flush(self):
-        with self._writing():
+        with self.writing():
             self.writer.flush()
 
     def close(self):
-        with self._writing():
+        with self.writing():
             self.writer.close()
 
-    def _writing(self):
-        # The event writer raises a refused write from whichever call
-        # empties its queue (a scalar, a flush): all of them are guarded.
+    def writing(self):
+        """The guard of a write to `writer`: a refused write becomes a
+        `WriteFailure` naming the event file's directory."""
         return writing(f"the event file in {self.directory}")
+
+
+class DiscardingWriter:
+    """What a non-chief worker logs to: `SummaryWriter`'s methods, each
+    writing nothing (only the chief writes the run's events)."""
+
+    closed = False
+
+    def _discard(self, *args, **kwargs):
+        return None
+
+    scalar = histogram = image = text = tensor = write_summary = _discard
+    flush = close = _discard
 
 
 class RunLogs(NamedTuple):
@@ -165,24 +186,24 @@ def write_experiment(writer, hparams, metrics):
     runs under one logdir declares it once, at the root.
 
     Args:
-        writer: a `tf.summary` writer at the experiment's root.
+        writer: a `SummaryWriter` at the experiment's root.
         hparams: `{name: values}`; `values` lists a discrete domain, or is
             `None` for any value.
         metrics: `(tag, group, display_name)` tuples; `group` is the
             subdirectory the tag is logged in, `None` for the root.
     """
-    with writer.as_default():
-        hp.hparams_config(
-            hparams=[
-                hp.HParam(name, None if values is None
-                          else hp.Discrete(list(values)))
-                for name, values in hparams.items()
-            ],
-            metrics=[
-                hp.Metric(tag, group=group, display_name=display_name)
-                for tag, group, display_name in metrics
-            ],
-        )
+    # Step 0, as `hp.hparams_config` writes it.
+    writer.write_summary(hp.hparams_config_pb(
+        hparams=[
+            hp.HParam(name, None if values is None
+                      else hp.Discrete(list(values)))
+            for name, values in hparams.items()
+        ],
+        metrics=[
+            hp.Metric(tag, group=group, display_name=display_name)
+            for tag, group, display_name in metrics
+        ],
+    ), 0)
 
 
 def write_run_header(writer, config, hparams_experiment=True):
@@ -191,15 +212,17 @@ def write_run_header(writer, config, hparams_experiment=True):
     if not writer.wants(0):
         return
     hparams = hparams_of(config)
-    if hparams_experiment:
-        write_experiment(writer.writer, dict.fromkeys(hparams), RUN_METRICS)
-    with writer.writer.as_default():
+    text = json.dumps(config.to_dict(), indent=2, sort_keys=True)
+    with writer.writing():
+        if hparams_experiment:
+            write_experiment(writer.writer, dict.fromkeys(hparams),
+                             RUN_METRICS)
         # One session per run directory: runs that share a trial id are
         # merged into one row of the HParams dashboard.
-        hp.hparams(hparams, trial_id=os.path.basename(
-            os.path.abspath(config.logdir)))
-        text = json.dumps(config.to_dict(), indent=2, sort_keys=True)
-        tf.summary.text("config", "```\n" + text + "\n```", step=0)
+        writer.writer.write_summary(hp.hparams_pb(
+            hparams, trial_id=os.path.basename(
+                os.path.abspath(config.logdir))), 0)
+        writer.writer.text("config", "```\n" + text + "\n```", 0)
     writer.flush()
 
 

@@ -38,8 +38,8 @@ import _bench  # first: backend, log level, sys.path
 import _browser
 import numpy as np
 from _bench import add_flag
-from _bench import tf
 
+from keras_attention.events import SummaryWriter
 from keras_attention.viz import write_attention_summary
 from keras_attention.viz.summary import summary_tag
 
@@ -61,19 +61,18 @@ def parse_args(argv=None):
 def write_runs(logdir, steps):
     rng = np.random.default_rng(0)
     for run, (heads, length) in CASES.items():
-        writer = tf.summary.create_file_writer(os.path.join(logdir, run))
         labels = [f"t{i}" for i in range(length)]
-        for step in range(steps):
-            scores = rng.normal(0, 2, (1, heads, length, length)).astype(
-                np.float32)
-            weights = np.exp(scores - scores.max(-1, keepdims=True))
-            weights /= weights.sum(-1, keepdims=True)
-            write_attention_summary("attention_0", {"weights": weights,
-                                                    "scores": scores},
-                                    step, labels,
-                                    target_cells=[[(length - 1, 0)]],
-                                    writer=writer)
-        writer.close()
+        with SummaryWriter(os.path.join(logdir, run)) as writer:
+            for step in range(steps):
+                scores = rng.normal(0, 2, (1, heads, length, length)).astype(
+                    np.float32)
+                weights = np.exp(scores - scores.max(-1, keepdims=True))
+                weights /= weights.sum(-1, keepdims=True)
+                write_attention_summary("attention_0", {"weights": weights,
+                                                        "scores": scores},
+                                        step, labels,
+                                        target_cells=[[(length - 1, 0)]],
+                                        writer=writer)
 
 
 def timed_get(url):

@@ -20,13 +20,13 @@ import tomllib
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from tensorboard.backend.event_processing.event_file_loader import (
     EventFileLoader,
 )
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util.tensor_util import make_ndarray
 
+from keras_attention.events import SummaryWriter
 from keras_attention.tasks import make_task
 from keras_attention.viz import decode_summary
 from keras_attention.viz import write_attention_summary
@@ -129,11 +129,10 @@ def test_summary_round_trip(tmp_path, dtype):
     record = random_record(rng, (2, 3, 4, 6), masked_keys=2)
     queries = [[f"q{e}{t}" for t in range(4)] for e in range(2)]
     keys = [f"k{s}" for s in range(6)]
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    assert write_attention_summary("layer_x", record, 7, queries, keys,
-                                   target_cells=[[(3, 1)], []], dtype=dtype,
-                                   writer=writer)
-    writer.close()
+    with SummaryWriter(tmp_path) as writer:
+        write_attention_summary("layer_x", record, 7, queries, keys,
+                                target_cells=[[(3, 1)], []], dtype=dtype,
+                                writer=writer)
     meta, weights = read_summaries(str(tmp_path))[summary_tag("layer_x")][7]
     if dtype == "uint8":
         expected = np.round(record["weights"] * 255) / 255
@@ -161,18 +160,26 @@ def test_summary_round_trip(tmp_path, dtype):
         record["scores"][..., :4].reshape(2, 3, -1).std(-1), rtol=1e-5)
 
 
-def test_summary_bad_input():
+def test_summary_bad_input(tmp_path):
     record = {"weights": np.full((1, 1, 2, 2), 0.5, np.float32)}
+    writer = SummaryWriter(tmp_path)
     with pytest.raises(ValueError, match="`query_labels`"):
-        write_attention_summary("l", record, 0, ["a", "b", "c"])
+        write_attention_summary("l", record, 0, ["a", "b", "c"],
+                                writer=writer)
     with pytest.raises(ValueError, match="`target_cells`.*outside"):
         write_attention_summary("l", record, 0, ["a", "b"],
-                                target_cells=[[(2, 0)]])
+                                target_cells=[[(2, 0)]], writer=writer)
     with pytest.raises(ValueError, match="finite"):
         write_attention_summary(
-            "l", {"weights": np.full((1, 1, 2, 2), np.nan)}, 0, ["a", "b"])
+            "l", {"weights": np.full((1, 1, 2, 2), np.nan)}, 0, ["a", "b"],
+            writer=writer)
     with pytest.raises(ValueError, match="`dtype`"):
-        write_attention_summary("l", record, 0, ["a", "b"], dtype="int8")
+        write_attention_summary("l", record, 0, ["a", "b"], dtype="int8",
+                                writer=writer)
+    with pytest.raises(ValueError, match="`writer`"):
+        write_attention_summary("l", record, 0, ["a", "b"], writer=None)
+    writer.close()
+    assert read_summaries(str(tmp_path)) == {}
 
 
 # ------------------------------------------------------------ installation
@@ -218,10 +225,10 @@ def write_long_map(directory):
     weights[0, 0, HOT_CELL[0]] = 0.0
     weights[0, 0, HOT_CELL[0], HOT_CELL[1]] = 1.0
     labels = [f"t{i}" for i in range(LONG)]
-    writer = tf.summary.create_file_writer(directory)
-    write_attention_summary("attention_0", {"weights": weights}, 0, labels,
-                            target_cells=[[LONG_TARGET]], writer=writer)
-    writer.close()
+    with SummaryWriter(directory) as writer:
+        write_attention_summary("attention_0", {"weights": weights}, 0,
+                                labels, target_cells=[[LONG_TARGET]],
+                                writer=writer)
 
 
 @pytest.fixture(scope="module")

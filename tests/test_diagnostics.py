@@ -1,5 +1,7 @@
 """Tests for keras_attention.diagnostics: numpy references, hand cases."""
 
+import glob
+import io
 import math
 
 import keras
@@ -7,10 +9,12 @@ import matplotlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.util import tensor_util
 
 from keras_attention import diagnostics as diag
+from keras_attention.events import SummaryWriter
 from keras_attention.layer import ScaledDotProductAttention
 
 
@@ -192,10 +196,14 @@ def test_png_round_trip():
     image = rng.integers(0, 256, size=(6, 9, 3), dtype=np.uint8)
     data = diag.encode_png(image)
     assert isinstance(data, bytes) and data[:8] == b"\x89PNG\r\n\x1a\n"
-    decoded = tf.io.decode_png(data).numpy()
-    np.testing.assert_array_equal(decoded, image)
+    np.testing.assert_array_equal(decode_png(data), image)
     with pytest.raises(ValueError, match="image_uint8"):
         diag.encode_png(image.astype(np.float32))
+
+
+def decode_png(data):
+    """The pixels of PNG bytes, `(height, width, channels)`."""
+    return np.asarray(Image.open(io.BytesIO(data)))
 
 
 # ---------------------------------------------------------------- summaries
@@ -204,7 +212,7 @@ def test_png_round_trip():
 def read_events(logdir):
     """tag -> list of (step, plugin name, numpy value) from the event files."""
     events = {}
-    for path in tf.io.gfile.glob(f"{logdir}/events.out.tfevents.*"):
+    for path in glob.glob(f"{logdir}/events.out.tfevents.*"):
         for event in event_file_loader.EventFileLoader(path).Load():
             for value in event.summary.value:
                 events.setdefault(value.tag, []).append(
@@ -236,9 +244,9 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
         "layers": {"attn": stats},
         "summary": {"entropy_normalized": 0.5, "grad_norm_query": 3.0},
     }
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    diag.write_diagnostics(diagnostics, step=7, writer=writer, max_images=2)
-    writer.close()
+    with SummaryWriter(tmp_path) as writer:
+        diag.write_diagnostics(diagnostics, step=7, writer=writer,
+                               max_images=2)
     events = read_events(str(tmp_path))
 
     expected = {"attention/attn/score_std", "attention/attn/entropy_rows"}
@@ -282,7 +290,7 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
     ((_, plugin, image_tensor),) = events["attention/attn/heatmap/head1"]
     assert plugin == "images"
     assert len(image_tensor) == 2 + 2  # max_images examples
-    decoded = tf.io.decode_png(image_tensor[2]).numpy()
+    decoded = decode_png(image_tensor[2])
     assert decoded.shape[:2] == (int(image_tensor[1]), int(image_tensor[0]))
     # Head 1 is one-hot on key 0: in the drawn map (left of the colour bar)
     # the first column of cells is the top colour, the 4 columns right of
@@ -315,36 +323,43 @@ def test_write_diagnostics_labels_and_long_sequences(tmp_path):
     diagnostics = {"layers": {"long": stats}, "summary": {}}
     query_labels = [[f"q{i}" for i in range(100)]] * 2
     key_labels = [[f"k{i}" for i in range(300)]] * 2
-    writer = tf.summary.create_file_writer(str(tmp_path))
+    writer = SummaryWriter(tmp_path)
     diag.write_diagnostics(diagnostics, step=0, writer=writer,
                            query_labels=query_labels, key_labels=key_labels)
-    writer.close()
     ((_, _, image_tensor),) = read_events(str(tmp_path))[
         "attention/long/heatmap/head0"
     ]
-    height, width, _ = tf.io.decode_png(image_tensor[2]).shape
+    height, width, _ = decode_png(image_tensor[2]).shape
     # Cells shrink so the map stays about MAX_HEATMAP_SIDE wide (8-pixel
     # cells would make it 2400), and it keeps its 1:3 shape.
     assert width <= diag.MAX_HEATMAP_SIDE + 200
     assert height < width / 2
     with pytest.raises(ValueError, match="key_labels"):
-        diag.write_diagnostics(diagnostics, step=1,
+        diag.write_diagnostics(diagnostics, step=1, writer=writer,
                                query_labels=query_labels,
                                key_labels=[["k"] * 299] * 2)
     with pytest.raises(ValueError, match="query_labels"):
-        diag.write_diagnostics(diagnostics, step=1,
+        diag.write_diagnostics(diagnostics, step=1, writer=writer,
                                query_labels=query_labels[:1],
                                key_labels=key_labels)
+    writer.close()
+    # Bad labels are found before anything of the step is written.
+    assert all(step == 0 for values in read_events(str(tmp_path)).values()
+               for step, _, _ in values)
 
 
 def test_write_diagnostics_rejects_bad_input(tmp_path):
-    writer = tf.summary.create_file_writer(str(tmp_path))
+    writer = SummaryWriter(tmp_path)
     with pytest.raises(ValueError, match="diagnostics"):
         diag.write_diagnostics({"loss": 1.0}, step=0, writer=writer)
     with pytest.raises(ValueError, match="max_images"):
         diag.write_diagnostics(
             {"layers": {}, "summary": {}}, step=0, writer=writer, max_images=-1
         )
+    with pytest.raises(ValueError, match="writer"):
+        diag.write_diagnostics({"layers": {}, "summary": {}}, step=0,
+                               writer=None)
+    writer.close()
 
 
 # ---------------------------------------------------------- probe batch
@@ -569,9 +584,8 @@ def test_probe_diagnostics_averages_over_layers_and_writes(tmp_path):
     first_weights = result["layers"]["first"]["weights"]
     np.testing.assert_allclose(first_weights[:, :, 0, 0], 1.0, atol=1e-6)
 
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    diag.write_diagnostics(result, step=3, writer=writer)
-    writer.close()
+    with SummaryWriter(tmp_path) as writer:
+        diag.write_diagnostics(result, step=3, writer=writer)
     tags = set(read_events(str(tmp_path)))
     assert "gradients/second/scores" in tags
     assert "attention/first/heatmap/head1" in tags

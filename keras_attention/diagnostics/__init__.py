@@ -1,14 +1,14 @@
 """Attention diagnostics for TensorBoard, computed on a fixed probe batch.
 
 Floor 2 (beside models, tasks and export): imports the layer floor
-(`keras_attention.recording`) and the core (`ops`, `validation`), never the
-pipelines. Inside the package, `statistics` (numpy statistics and
-`SUMMARY_KEYS`) and `heatmaps` (colour map, heat-map tiles, PNG) import
-nothing of the package; `drawing` (labelled maps drawn with matplotlib,
-their argument checks; `keras_attention.viz` builds on it) uses `heatmaps`'
-colour map; `probe` builds on `statistics` and on one private
-`_gradients_<backend>` module per Keras backend (its backward pass),
-`summaries` on `drawing`.
+(`keras_attention.recording`) and the core (`ops`, `validation`, `events`:
+the summaries are written to its `SummaryWriter`), never the pipelines.
+Inside the package, `statistics` (numpy statistics and `SUMMARY_KEYS`) and
+`heatmaps` (colour map, heat-map tiles, PNG through `events`) import only
+the core; `drawing` (labelled maps drawn with matplotlib, their argument
+checks; `keras_attention.viz` builds on it) uses `heatmaps`' colour map;
+`probe` builds on `statistics` and on one private `_gradients_<backend>`
+module per Keras backend (its backward pass), `summaries` on `drawing`.
 
 The training pipeline probes every few hundred steps, outside the training
 step, with the compiled `diagnostics_probe` (`probe_diagnostics` is the

@@ -1,11 +1,15 @@
-"""Attention weights as images: colour mapping, heat-map tiles, PNG bytes."""
+"""Attention weights as images: colour mapping, heat-map tiles, PNG bytes.
+
+`encode_png` is the event writer's own (`keras_attention.events`), so the
+heat maps and the Images tab encode alike.
+"""
 
 import math
 
 import matplotlib
 import numpy as np
-import tensorflow as tf
 
+from keras_attention.events import encode_png  # noqa: F401  (re-exported)
 from keras_attention.validation import check_int
 
 # Matplotlib's perceptually uniform map (dark purple -> blue -> teal ->
@@ -86,30 +90,3 @@ def attention_heatmaps(weights, num_examples=3, cell_pixels=8):
     # Colour first, enlarge after: repeating uint8 pixels is far cheaper
     # than colouring every pixel.
     return np.repeat(np.repeat(cells, cell_pixels, axis=1), cell_pixels, axis=2)
-
-
-def encode_png(image_uint8):
-    """Encodes an `(height, width, channels)` uint8 image as PNG bytes.
-
-    Args:
-        image_uint8: uint8 array with 1 (grey), 3 (RGB) or 4 (RGBA) channels.
-
-    Returns:
-        The PNG file contents as `bytes`.
-
-    Example:
-
-    >>> encode_png(np.zeros((2, 2, 3), np.uint8))[:4]
-    b'\\x89PNG'
-    """
-    image = np.asarray(image_uint8)
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (
-        1,
-        3,
-        4,
-    ):
-        raise ValueError(
-            f"`image_uint8` must be a uint8 array (height, width, 1|3|4); "
-            f"received dtype {image.dtype} and shape {image.shape}."
-        )
-    return tf.io.encode_png(image).numpy()

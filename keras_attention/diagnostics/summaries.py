@@ -1,7 +1,6 @@
 """`write_diagnostics`: the probe's result as TensorBoard summaries."""
 
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.validation import check_int
 
@@ -34,7 +33,7 @@ _GRADIENT_TAGS = {
 }
 
 
-def write_diagnostics(diagnostics, step, writer=None, max_images=3,
+def write_diagnostics(diagnostics, step, writer, max_images=3,
                       query_labels=None, key_labels=None):
     """Writes the output of `probe_diagnostics` as TensorBoard summaries.
 
@@ -59,9 +58,9 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3,
         diagnostics: the dict returned by `probe_diagnostics` (or by a
             `diagnostics_probe` function).
         step: the training step to record the summaries at.
-        writer: a `tf.summary` writer; when `None` the default writer is
-            used (and, as with `tf.summary`, nothing is written if there is
-            none).
+        writer: the `keras_attention.events.SummaryWriter` to write to
+            (each summary is written when its call returns; nothing is
+            flushed).
         max_images: number of probe examples rendered per head; 0 writes no
             images.
         query_labels: the token labels of the probe examples, `(B, T)`
@@ -72,14 +71,16 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3,
 
     Raises:
         ValueError: if `diagnostics` lacks `"layers"` or `"summary"`,
-            `max_images` is not a non-negative integer, or the labels do not
-            match the weights' shape.
+            `max_images` is not a non-negative integer, `writer` is not a
+            `SummaryWriter`, or the labels do not match the weights' shape.
+        OSError: if the system refuses a write (the summaries written
+            before it stay in the file).
 
     Example:
 
     ```python
-    writer = tf.summary.create_file_writer("runs/probe")
-    write_diagnostics(probe_diagnostics(model, x, y, w), 500, writer)
+    with SummaryWriter("runs/probe") as writer:
+        write_diagnostics(probe_diagnostics(model, x, y, w), 500, writer)
     ```
     """
     max_images = check_int(
@@ -91,6 +92,11 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3,
             f"`diagnostics` must be the dict returned by probe_diagnostics; "
             f"missing keys {sorted(missing)}."
         )
+    if not callable(getattr(writer, "scalar", None)):
+        raise ValueError(
+            f"`writer` must be a keras_attention.events.SummaryWriter; "
+            f"received {type(writer).__name__}."
+        )
     step = int(step)
     labels = (query_labels, key_labels)
     if max_images > 0:
@@ -98,39 +104,29 @@ def write_diagnostics(diagnostics, step, writer=None, max_images=3,
         # of a step behind.
         for stats in diagnostics["layers"].values():
             _check_labels(np.shape(stats["weights"]), max_images, labels)
-    if writer is None:
-        _write_all(diagnostics, step, max_images, labels)
-    else:
-        with writer.as_default():
-            _write_all(diagnostics, step, max_images, labels)
-        writer.flush()
+    _write_all(writer, diagnostics, step, max_images, labels)
 
 
-def _write_all(diagnostics, step, max_images, labels):
+def _write_all(writer, diagnostics, step, max_images, labels):
     for name, stats in diagnostics["layers"].items():
         prefix = f"attention/{name}"
         for key in _PER_HEAD_KEYS:
             for head, value in enumerate(np.asarray(stats[key])):
-                tf.summary.scalar(
-                    f"{prefix}/{key}/head{head}", float(value), step=step
-                )
-        tf.summary.scalar(
-            f"{prefix}/score_std", float(stats["score_std"]), step=step
-        )
-        tf.summary.histogram(
+                writer.scalar(f"{prefix}/{key}/head{head}", float(value),
+                              step)
+        writer.scalar(f"{prefix}/score_std", float(stats["score_std"]), step)
+        writer.histogram(
             f"{prefix}/entropy_rows",
             np.asarray(stats["entropy_rows"], dtype=np.float64),
-            step=step,
+            step,
         )
         for key, tag in _GRADIENT_TAGS.items():
-            tf.summary.scalar(
-                f"gradients/{name}/{tag}", float(stats[key]), step=step
-            )
+            writer.scalar(f"gradients/{name}/{tag}", float(stats[key]), step)
         if max_images > 0:
             weights = np.asarray(stats["weights"])
-            _write_heatmaps(prefix, weights, step, max_images, labels)
+            _write_heatmaps(writer, prefix, weights, step, max_images, labels)
     for key, value in diagnostics["summary"].items():
-        tf.summary.scalar(f"attention/mean/{key}", float(value), step=step)
+        writer.scalar(f"attention/mean/{key}", float(value), step)
 
 
 def _example_labels(labels, example, length, name):
@@ -154,7 +150,7 @@ def _check_labels(shape, max_images, labels):
                    queries, keys)
 
 
-def _write_heatmaps(prefix, weights, step, max_images, labels):
+def _write_heatmaps(writer, prefix, weights, step, max_images, labels):
     """One image summary per head, of its first `max_images` examples."""
     examples, num_heads, queries, keys = weights.shape
     examples = min(examples, max_images)
@@ -172,9 +168,5 @@ def _write_heatmaps(prefix, weights, step, max_images, labels):
             )
             for example in range(examples)
         ])
-        tf.summary.image(
-            f"{prefix}/heatmap/head{head}",
-            images,
-            step=step,
-            max_outputs=max_images,
-        )
+        writer.image(f"{prefix}/heatmap/head{head}", images, step,
+                     max_outputs=max_images)

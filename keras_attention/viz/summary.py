@@ -18,7 +18,6 @@ float16 map is 8 MB a step).
 import json
 
 import numpy as np
-import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
 
 from keras_attention.diagnostics import layer_statistics
@@ -158,7 +157,7 @@ def attention_summary(record, query_labels, key_labels=None,
 
 def write_attention_summary(layer, record, step, query_labels,
                             key_labels=None, target_cells=None,
-                            dtype="float16", writer=None):
+                            dtype="float16", *, writer):
     """Writes the attention summary of `layer` at `step`.
 
     Args:
@@ -166,11 +165,13 @@ def write_attention_summary(layer, record, step, query_labels,
         record, query_labels, key_labels, target_cells, dtype: as for
             `attention_summary`.
         step: the training step.
-        writer: a `tf.summary` writer; `None` uses the default writer (and,
-            as with `tf.summary`, writes nothing if there is none).
+        writer: the `keras_attention.events.SummaryWriter` to write to (the
+            summary is in the file when this returns).
 
-    Returns:
-        Whether a summary was written.
+    Raises:
+        ValueError: as `attention_summary`, or if `writer` is not a
+            `SummaryWriter`.
+        OSError: if the system refuses the write.
 
     Example:
 
@@ -183,20 +184,15 @@ def write_attention_summary(layer, record, step, query_labels,
         target_cells=task.target_cells(tokens[:4]), writer=writer)
     ```
     """
+    if not callable(getattr(writer, "tensor", None)):
+        raise ValueError(
+            f"`writer` must be a keras_attention.events.SummaryWriter; "
+            f"received {type(writer).__name__}."
+        )
     meta, data = attention_summary(record, query_labels, key_labels,
                                    target_cells, dtype)
-    blobs = tf.constant([json.dumps(meta).encode(), data], dtype=tf.string)
-
-    def write():
-        return tf.summary.write(summary_tag(layer), blobs, step=int(step),
-                                metadata=summary_metadata(layer))
-
-    if writer is None:
-        return bool(write())
-    with writer.as_default():
-        written = bool(write())
-    writer.flush()
-    return written
+    writer.tensor(summary_tag(layer), [json.dumps(meta).encode(), data],
+                  int(step), summary_metadata(layer))
 
 
 def encode_weights(weights, dtype="float16"):

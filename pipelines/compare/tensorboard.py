@@ -9,10 +9,10 @@ import os
 import shutil
 
 import numpy as np
-import tensorflow as tf
 from tensorboard.plugins.custom_scalar import layout_pb2
-from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 
+from keras_attention.events import SummaryWriter
 from pipelines.compare.claims import group_final_accuracy
 from pipelines.compare.claims import group_init
 from pipelines.compare.series import CURVE_METRICS
@@ -31,11 +31,9 @@ _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
 
 
 def _write_scalars(directory, values, step):
-    writer = tf.summary.create_file_writer(directory)
-    with writer.as_default():
+    with SummaryWriter(directory) as writer:
         for tag, value in values.items():
-            tf.summary.scalar(tag, float(value), step=int(step))
-    writer.close()
+            writer.scalar(tag, float(value), int(step))
 
 
 def write_run_hparams_metrics(run_dir, record, steps):
@@ -79,9 +77,8 @@ def write_experiment(logdir, plan):
         ("init_grad_norm_scores", HPARAMS_GROUP, "initial |dL/dscores|"),
         ("accuracy", "eval", "held-out accuracy"),
     )
-    writer = tf.summary.create_file_writer(logdir)
-    pipeline_tensorboard.write_experiment(writer, hparams, metrics)
-    writer.close()
+    with SummaryWriter(logdir) as writer:
+        pipeline_tensorboard.write_experiment(writer, hparams, metrics)
 
 
 def write_claim_scalars(logdir, results):
@@ -89,21 +86,19 @@ def write_claim_scalars(logdir, results):
     root = os.path.join(logdir, CLAIMS_DIR)
     shutil.rmtree(root, ignore_errors=True)
     for arm, by_key_dim in group_init(results).items():
-        writer = tf.summary.create_file_writer(os.path.join(root, arm))
-        with writer.as_default():
+        with SummaryWriter(os.path.join(root, arm)) as writer:
             for key_dim, summaries in sorted(by_key_dim.items()):
                 for key in _CLAIM_SCALARS:
-                    tf.summary.scalar(
+                    writer.scalar(
                         f"init/{key}",
                         float(np.mean([s[key] for s in summaries])),
-                        step=key_dim,
+                        key_dim,
                     )
             for key_dim, accuracies in sorted(
                 group_final_accuracy(results, arm).items()
             ):
-                tf.summary.scalar("final/accuracy", float(np.mean(accuracies)),
-                                  step=key_dim)
-        writer.close()
+                writer.scalar("final/accuracy", float(np.mean(accuracies)),
+                              key_dim)
 
 
 def curves_layout():
@@ -136,20 +131,20 @@ def write_curve_scalars(logdir, curves):
     at each step, and the custom-scalars layout (in every such run; the
     plugin merges identical charts). Rewritten from scratch each time."""
     shutil.rmtree(os.path.join(logdir, CURVES_DIR), ignore_errors=True)
-    layout = custom_scalar_summary.pb(curves_layout()).SerializeToString()
+    # What the plugin's `summary.pb` builds (it imports TensorFlow): the
+    # serialized layout as a string scalar under the plugin's config tag.
+    layout = curves_layout().SerializeToString()
     for curve in curves:
         if not curve["seeds"]:
             continue
-        writer = tf.summary.create_file_writer(
-            os.path.join(logdir, curves_run_name(curve)))
-        with writer.as_default():
-            tf.summary.experimental.write_raw_pb(layout, step=0)
+        with SummaryWriter(os.path.join(logdir,
+                                        curves_run_name(curve))) as writer:
+            writer.tensor(custom_scalar_metadata.CONFIG_SUMMARY_TAG, layout,
+                          0, custom_scalar_metadata.create_summary_metadata())
             for name, series in curve["metrics"].items():
                 for step, mean, sd in zip(series["steps"], series["mean"],
                                           series["sd"]):
                     for suffix, value in (("mean", mean),
                                           ("lower", mean - sd),
                                           ("upper", mean + sd)):
-                        tf.summary.scalar(f"{name}/{suffix}", value,
-                                          step=step)
-        writer.close()
+                        writer.scalar(f"{name}/{suffix}", value, step)

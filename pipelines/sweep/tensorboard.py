@@ -8,8 +8,7 @@ import math
 import os
 import shutil
 
-import tensorflow as tf
-
+from keras_attention.events import SummaryWriter
 from pipelines import tensorboard as pipeline_tensorboard
 
 HPARAMS_GROUP = "sweep"
@@ -36,13 +35,11 @@ def write_run_metrics(run_dir, record):
     values are left out."""
     directory = os.path.join(run_dir, HPARAMS_GROUP)
     shutil.rmtree(directory, ignore_errors=True)
-    writer = tf.summary.create_file_writer(directory)
-    with writer.as_default():
+    with SummaryWriter(directory) as writer:
         for tag, (_, value_of) in END_METRICS.items():
             value = value_of(record)
             if value is not None and math.isfinite(float(value)):
-                tf.summary.scalar(tag, float(value), step=record["steps"] or 0)
-    writer.close()
+                writer.scalar(tag, float(value), record["steps"] or 0)
 
 
 def write_sweep_experiment(logdir, plan):
@@ -60,6 +57,5 @@ def write_sweep_experiment(logdir, plan):
     }
     metrics = [(tag, HPARAMS_GROUP, display)
                for tag, (display, _) in END_METRICS.items()]
-    writer = tf.summary.create_file_writer(logdir)
-    pipeline_tensorboard.write_experiment(writer, hparams, metrics)
-    writer.close()
+    with SummaryWriter(logdir) as writer:
+        pipeline_tensorboard.write_experiment(writer, hparams, metrics)
