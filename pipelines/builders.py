@@ -5,6 +5,7 @@ and builds from its settings as they are; none resolves or validates again.
 """
 
 import math
+import sys
 
 import keras
 
@@ -17,6 +18,26 @@ def build_task(config):
     return make_task(config.task, **config.task_options())
 
 
+def seed_run(seed):
+    """`keras.utils.set_random_seed(seed)`, without importing TensorFlow into
+    a JAX or torch run.
+
+    Keras seeds TensorFlow too whenever it is installed (for `tf.data`),
+    and importing it there cost about 3 s and printed its C++ start-up
+    lines on the run's stderr. Outside the TensorFlow backend the import
+    is refused for this call (Keras then remembers TensorFlow as absent,
+    which a run that feeds numpy batches never needs).
+    """
+    if keras.backend.backend() == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+        return
+    sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError.
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        del sys.modules["tensorflow"]
+
+
 def build_probe_batch(config, task):
     """The diagnostics probe batch `(tokens, targets, sample_weight)`: the
     first `probe_size` held-out examples, the same in every run of a seed."""
@@ -26,7 +47,7 @@ def build_probe_batch(config, task):
 
 def build_model(config, task=None):
     """Builds the config's model (uninitialised weights come from the
-    current global random state; call `keras.utils.set_random_seed` first
+    current global random state; call `seed_run` first
     for reproducible weights).
 
     Args:

@@ -20,6 +20,7 @@ from keras_attention.recording import record_attention
 from keras_attention.viz import write_attention_summary
 from pipelines.backends import backend_module
 from pipelines.builders import build_model
+from pipelines.builders import seed_run
 from pipelines.builders import build_optimizer
 from pipelines.common import to_jsonable
 
@@ -65,7 +66,7 @@ def build_parts(config, devices, task, learning_rate=None):
             (see `build_optimizer`).
     """
     with devices.scope():
-        keras.utils.set_random_seed(config.seed)
+        seed_run(config.seed)
         model = build_model(config, task)
         optimizer, schedule = build_optimizer(
             config, devices.num_replicas, learning_rate

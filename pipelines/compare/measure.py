@@ -13,6 +13,7 @@ from keras_attention.diagnostics import probe_diagnostics
 from keras_attention.viz import plot_attention
 from pipelines.common import write_bytes_atomic
 from pipelines.builders import build_model
+from pipelines.builders import seed_run
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.compare.tensorboard import write_run_hparams_metrics
@@ -37,7 +38,7 @@ def probe_at_init(config):
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(_run_precision(config))
     try:
-        keras.utils.set_random_seed(config.seed)
+        seed_run(config.seed)
         model = build_model(config, task)
         return probe_diagnostics(model, *build_probe_batch(config, task))
     finally:

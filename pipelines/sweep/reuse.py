@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from pipelines.builders import build_model
+from pipelines.builders import seed_run
 from pipelines.steps import build_parts
 
 # Settings that may differ between runs sharing compiled parts: what a run
@@ -73,7 +74,7 @@ class CompiledRuns:
         if key != self._key:
             return self._build(key, config, devices, task)
         parts = self._parts
-        keras.utils.set_random_seed(config.seed)
+        seed_run(config.seed)
         with devices.scope():
             # The same draws, in the same order, as `build_parts` makes.
             initial = build_model(config, task)
