@@ -390,28 +390,3 @@ def resolve_config(layers):
         if isinstance(values[name], str):
             values[name] = parse(values[name])
     return TrainConfig(**values, sources=sources)
-
-
-def load_config_file(path):
-    """Reads a JSON config file: the settings it gives, as a dict.
-
-    The file holds an object whose keys are `TrainConfig` settings, for
-    example `{"task": "sort", "steps": 500, "learning_rate": 0.003}`. A
-    run's `config.json` is such a file. Lay it over the defaults with
-    `resolve_config([Layer(f"--config {path}", values), ...])`.
-
-    Raises:
-        UsageError: if the file cannot be read, is not JSON, is not an
-            object, or has unknown keys.
-    """
-    try:
-        with open(path) as handle:
-            values = json.load(handle)
-    except OSError as error:
-        raise UsageError(
-            f"--config {path}: cannot read ({error.strerror})"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise UsageError(f"--config {path}: not valid JSON ({error})") from None
-    check_setting_names(values, f"--config {path}", SETTINGS)
-    return values

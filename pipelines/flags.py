@@ -14,6 +14,7 @@ line naming the flag. Defaults in the help come from the dataclass and
 """
 
 import argparse
+import json
 import typing
 
 from keras_attention.ops import SCALE_MODES
@@ -23,7 +24,8 @@ from pipelines.config import SETTINGS
 from pipelines.config import TASK_DEFAULTS
 from pipelines.config import Layer
 from pipelines.config import TrainConfig
-from pipelines.config import load_config_file
+from pipelines.common import UsageError
+from pipelines.config_checks import check_setting_names
 from pipelines.config import resolve_config
 
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -244,3 +246,32 @@ def config_from_args(args):
     `settings_from_args(args)`, whose errors (and an unknown task or
     unparsable `--scale`) it raises as `UsageError`s naming the flag."""
     return resolve_config(settings_from_args(args))
+
+
+def load_config_file(path):
+    """Reads a JSON config file: the settings it gives, as a dict.
+
+    The file holds an object whose keys are `TrainConfig` settings, for
+    example `{"task": "sort", "steps": 500, "learning_rate": 0.003}`. A
+    run's `config.json` is such a file. Lay it over the defaults with
+    `resolve_config([Layer(f"--config {path}", values), ...])`.
+
+    Raises:
+        UsageError: if the file cannot be read, is not JSON, is not an
+            object, or has unknown keys.
+    """
+    try:
+        with open(path) as handle:
+            values = json.load(handle)
+    except OSError as error:
+        raise UsageError(
+            f"--config {path}: cannot read ({error.strerror})"
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path}: not UTF-8 text") from None
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--config {path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise UsageError(f"--config {path}: nested too deeply") from None
+    check_setting_names(values, f"--config {path}", SETTINGS)
+    return values

@@ -19,16 +19,14 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
                            gradients/<layer>/... (norms of dL/dW_Q, W_K, W_V
                            and of dL/dscores)
 
-The loop below is the same on every Keras backend; one step's gradient
-and update come from the running backend's module (`pipelines.backends`).
-Diagnostics run on a host copy of the model, outside the training step, on
-the chief only.
+The loop is the same on every Keras backend; a step's gradient and update
+come from the backend's module (`pipelines.backends`). Diagnostics run on a
+host copy of the model, outside the training step, on the chief only.
 
 A run killed at any point, or stopped by a full disk, and started again
-with the same command resumes from its last whole checkpoint: the data
-stream is a pure function of `(seed, step)`, so the resumed run sees the
-batches the killed one would have seen, and steps the killed run already
-logged are not logged again. One process at a time writes a run directory.
+with the same command resumes from its last whole checkpoint: the data are
+a pure function of `(seed, step)`, so it sees the batches the killed one
+would have, and logs no step twice. One process writes a run directory.
 """
 
 import dataclasses
@@ -70,7 +68,7 @@ from pipelines.tensorboard import write_run_header
 
 # ---------------------------------------------------------- command line
 def add_arguments(parser):
-    """Adds the `train` flags (see `pipelines.flags.add_train_arguments`)."""
+    """Adds the `train` flags (`pipelines.flags.add_train_arguments`)."""
     add_train_arguments(parser)
 
 
@@ -151,9 +149,8 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
     config.validate()
     config, devices = open_run_devices(config)
     check_resumable(config)
-    finished = completed_metrics(config)
+    finished = completed_metrics(config)  # Rerun: no byte of it changes.
     if finished is not None:
-        # Rerunning a finished run changes no byte of it.
         return (finished, restore_model(config.logdir)) if return_model \
             else finished
     if config.export is not None:

@@ -16,7 +16,7 @@ from pipelines.common import UsageError
 from pipelines.config import TASK_DEFAULTS
 from pipelines.config import Layer
 from pipelines.config import TrainConfig
-from pipelines.config import load_config_file
+from pipelines.flags import load_config_file
 from pipelines.config import resolve_config
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
