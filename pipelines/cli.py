@@ -18,25 +18,14 @@ import os
 import sys
 
 # Imports no framework: the backend is chosen below, before Keras loads.
-from pipelines.backends import BACKENDS
-
-
-def _backend_flag(argv):
-    """The value of `--backend` in `argv`, or `None`."""
-    for index, arg in enumerate(argv):
-        if arg == "--backend" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--backend="):
-            return arg.split("=", 1)[1]
-    return None
+from pipelines.backends import backend_from_argv
 
 
 def _choose_backend(argv):
     """Sets `KERAS_BACKEND` from `--backend` before Keras is imported: Keras
-    reads it once, at import. A value that is not a backend is left to the
-    parser, which refuses it in one line."""
-    backend = _backend_flag(argv)
-    if backend in BACKENDS:
+    reads it once, at import."""
+    backend = backend_from_argv(argv)
+    if backend is not None:
         os.environ["KERAS_BACKEND"] = backend
 
 

@@ -14,21 +14,16 @@ import os
 import sys
 import time
 
-def _backend_flag(argv):
-    for index, arg in enumerate(argv):
-        if arg == "--backend" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--backend="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-if _backend_flag(sys.argv[1:]) in ("tensorflow", "jax", "torch"):
-    os.environ["KERAS_BACKEND"] = _backend_flag(sys.argv[1:])
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+
+# Imports no framework: `--backend` is read before Keras is imported.
+from pipelines.backends import backend_from_argv  # noqa: E402
+
+if backend_from_argv(sys.argv[1:]) is not None:
+    os.environ["KERAS_BACKEND"] = backend_from_argv(sys.argv[1:])
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pipelines.common imports the library, hence Keras and its backend (about
 # 3 s): `--help` is no faster with the framework imported lazily, so it is

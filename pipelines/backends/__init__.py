@@ -61,6 +61,19 @@ class Devices(NamedTuple):
     handle: object
 
 
+def backend_from_argv(argv):
+    """The value of `--backend` in a command line's `argv` when it names one
+    of `BACKENDS`, else `None`: read before Keras is imported, which fixes
+    its backend (a bad value is left to the argument parser)."""
+    for index, arg in enumerate(argv):
+        value = (argv[index + 1] if arg == "--backend" and index + 1 < len(argv)
+                 else arg.split("=", 1)[1] if arg.startswith("--backend=")
+                 else None)
+        if value is not None:
+            return value if value in BACKENDS else None
+    return None
+
+
 def backend_module(backend):
     """The training module of `backend`, one of `BACKENDS`."""
     # importlib rather than three imports at the top: importing the module
