@@ -65,7 +65,6 @@ FLOORS = {
     "pipelines.run_dir": 3,
     "pipelines.locks": 3,
     "pipelines.failures": 3,
-    "pipelines.checkpoint_files": 3,
     "pipelines.steps": 3,
     "pipelines.backends": 3,
     "pipelines.checkpoints": 3,

@@ -26,7 +26,7 @@ from pipelines.compare.runner import train_one
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.common import OneLineErrorParser
-from pipelines.devices import resolve_strategy
+from pipelines.devices import open_run_devices
 from pipelines.sweep import figures
 from pipelines.sweep.analysis import lr_sensitivity
 from pipelines.sweep.analysis import sensitivities
@@ -144,7 +144,7 @@ def test_reused_compiled_step_trains_like_a_fresh_run(tiny_config, tmp_path):
               hparams_experiment=False, reuse=reuse)["heldout_loss"]
         for config in configs
     ]
-    tracing = reuse._parts.train_step.experimental_get_tracing_count()
+    tracing = reuse._parts.steps._train_step.experimental_get_tracing_count()
     keras.backend.clear_session()
     assert (reuse.builds, reuse.reuses) == (1, 1) and tracing == 1
     np.testing.assert_allclose(reused[1], fresh, rtol=1e-5)
@@ -154,8 +154,8 @@ def test_reused_compiled_step_trains_like_a_fresh_run(tiny_config, tmp_path):
 
 def test_reuse_rebuilds_when_the_shapes_change(tiny_config, tmp_path):
     reuse = CompiledRuns()
-    strategy = resolve_strategy("default")
     first = tiny_config(key_dim=8)
+    strategy = open_run_devices(first)[1]
     task = build_task(first)
     parts = reuse(first, strategy, task)
     assert reuse(first.replace(seed=3, learning_rate=0.5), strategy,
