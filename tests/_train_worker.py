@@ -12,6 +12,14 @@ first initialises, so distributed runs need a fresh process:
     python tests/_train_worker.py multiworker WEIGHTS_NPZ ARG...
         Runs `keras-attention train ARG...` as one worker of the cluster in
         TF_CONFIG and saves the worker's final weights to WEIGHTS_NPZ.
+
+    python tests/_train_worker.py jax DEVICES ARGV_JSON
+        Runs Keras on JAX on DEVICES host (CPU) devices
+        (`XLA_FLAGS=--xla_force_host_platform_device_count=DEVICES`, which
+        JAX reads once, when it starts), then `keras-attention <argv>` for
+        each argv list in ARGV_JSON in this process; prints
+        `{"statuses": [...], "devices": <JAX's device count>}` as JSON on
+        the last line of stdout.
 """
 
 import argparse
@@ -50,6 +58,22 @@ def run_multiworker(weights_path, args):
     print(json.dumps({"num_replicas": metrics["num_replicas"]}))
 
 
+def run_jax(device_count, argv_lists):
+    os.environ["KERAS_BACKEND"] = "jax"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if not flag.startswith("--xla_force_host_platform_device_count")]
+    if device_count > 1:
+        flags.append(f"--xla_force_host_platform_device_count={device_count}")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+    from pipelines.cli import main
+
+    import jax
+
+    statuses = [main(argv) for argv in argv_lists]
+    print(json.dumps({"statuses": statuses, "devices": len(jax.devices())}))
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     mode = sys.argv[1]
@@ -57,5 +81,7 @@ if __name__ == "__main__":
         run_mirrored(json.loads(sys.argv[2]))
     elif mode == "multiworker":
         run_multiworker(sys.argv[2], sys.argv[3:])
+    elif mode == "jax":
+        run_jax(int(sys.argv[2]), json.loads(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

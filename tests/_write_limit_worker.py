@@ -1,14 +1,25 @@
 """Subprocess entry point for tests/test_reliability.py (not a test module).
 
-    python tests/_write_limit_worker.py LIMIT_BYTES FROM_SAVE ARG...
+    python tests/_write_limit_worker.py in-save LIMIT_BYTES FROM_SAVE ARG...
+    python tests/_write_limit_worker.py after-save LIMIT_BYTES SAVE ARG...
 
-Runs `keras-attention ARG...` and fills its "disk" in the middle of a
-checkpoint: from the FROM_SAVE-th checkpoint save on (0: the first), files
-may not grow past LIMIT_BYTES while TensorFlow writes the checkpoint
+Runs `keras-attention ARG...` (on the backend its `--backend` names) and
+fills its "disk" at a chosen point: files may not grow past LIMIT_BYTES
 (`RLIMIT_FSIZE`, with SIGXFSZ ignored, so a write past the limit fails with
-EFBIG as on a full disk; no root needed). Other writes are not limited, so
-the failure lands in the checkpoint whatever the event files' sizes. Exits
-with the command's status.
+EFBIG as on a full disk; no root needed). Writes before that point are not
+limited, so the failure lands where it is meant to whatever the sizes of
+the files written before.
+
+    in-save     from checkpoint save number FROM_SAVE on (0: the first),
+                while `pipelines.checkpoints.Checkpoints.save` runs. The
+                event files the save flushes first are flushed before the
+                limit is set (an event file may already be larger than the
+                limit), so the failure lands in the checkpoint file.
+    after-save  from the end of checkpoint save number SAVE (1: the first)
+                to the end of the run: the next write that grows a file
+                fails, which is the event file of the next logged step.
+
+Exits with the command's status.
 """
 
 import os
@@ -19,32 +30,61 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def limit_checkpoint_writes(limit, from_save):
-    """Wraps `CheckpointManager.save`: saves number `from_save` and later
-    run with files limited to `limit` bytes."""
-    import tensorflow as tf
+def _limit(limit):
+    """Limits file sizes to `limit` bytes; returns the previous limits."""
+    unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, unlimited[1]))
+    return unlimited
 
-    save = tf.train.CheckpointManager.save
+
+def limit_checkpoint_writes(limit, from_save):
+    """Wraps `Checkpoints.save`: saves number `from_save` and later run
+    with files limited to `limit` bytes."""
+    from pipelines.checkpoints import Checkpoints
+
+    save = Checkpoints.save
     count = []
 
-    def limited_save(self, *args, **kwargs):
-        count.append(None)
+    def limited_save(self, step, writers):
+        count.append(step)
         if len(count) <= from_save:
-            return save(self, *args, **kwargs)
-        unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, unlimited[1]))
+            return save(self, step, writers)
+        for writer in writers:
+            writer.flush()
+        unlimited = _limit(limit)
         try:
-            return save(self, *args, **kwargs)
+            return save(self, step, writers)
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
 
-    tf.train.CheckpointManager.save = limited_save
+    Checkpoints.save = limited_save
+
+
+def limit_writes_after(limit, save_number):
+    """Wraps `Checkpoints.save`: once save number `save_number` is done,
+    files are limited to `limit` bytes for the rest of the run."""
+    from pipelines.checkpoints import Checkpoints
+
+    save = Checkpoints.save
+    count = []
+
+    def save_then_limit(self, step, writers):
+        save(self, step, writers)
+        count.append(step)
+        if len(count) == save_number:
+            _limit(limit)
+
+    Checkpoints.save = save_then_limit
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    # Imported first: the command line sets KERAS_BACKEND from the
+    # `--backend` in sys.argv before Keras loads.
     from pipelines.cli import main
 
-    limit_checkpoint_writes(int(sys.argv[1]), int(sys.argv[2]))
-    sys.exit(main(sys.argv[3:]))
+    modes = {"in-save": limit_checkpoint_writes,
+             "after-save": limit_writes_after}
+    modes[sys.argv[1]](int(sys.argv[2]), int(sys.argv[3]))
+    sys.exit(main(sys.argv[4:]))

@@ -1,10 +1,13 @@
-"""Distributed training: MirroredStrategy on two logical CPU devices and
-MultiWorkerMirroredStrategy as two worker processes on localhost, each
-checked against a single-device run of the same command.
+"""Distributed training: on TensorFlow, MirroredStrategy on two logical CPU
+devices and MultiWorkerMirroredStrategy as two worker processes on
+localhost; on JAX, `keras.distribution.DataParallel` over two host devices.
+Each is checked against a single-device run of the same command.
 
 TensorFlow can configure logical devices and a multi-worker cluster only
-before it initialises, so the distributed runs happen in subprocesses
-(tests/_train_worker.py). The single-device reference runs in this process.
+before it initialises, and JAX its host devices only when it starts, so
+the distributed runs happen in subprocesses (tests/_train_worker.py). The
+single-device TensorFlow reference runs in this process; the JAX one in a
+child process that sees one device.
 """
 
 import json
@@ -61,6 +64,30 @@ def _weights(run_dir):
     return restore_model(str(run_dir)).get_weights()
 
 
+def _checkpoint_arrays(path):
+    """A checkpoint file's arrays (model and optimizer variables, step),
+    without the variables' paths (their names carry process-wide
+    counters)."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files
+                if not name.endswith("/paths")}
+
+
+def _assert_same_checkpoints(run_dir, reference_dir, rtol):
+    """The run's checkpoint files (the steps of TINY's --checkpoint-every 5
+    and its last step) hold the reference run's state."""
+    names = sorted(os.listdir(run_dir / "checkpoints"))
+    assert names == sorted(os.listdir(reference_dir / "checkpoints")) == [
+        "ckpt-10.npz", "ckpt-12.npz", "ckpt-5.npz"]
+    for name in names:
+        got = _checkpoint_arrays(run_dir / "checkpoints" / name)
+        want = _checkpoint_arrays(reference_dir / "checkpoints" / name)
+        assert sorted(got) == sorted(want) and len(want) > 2
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=rtol,
+                                       atol=1e-6, err_msg=f"{name} {key}")
+
+
 def _free_ports(count):
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:
@@ -100,6 +127,7 @@ def test_mirrored_matches_single_device(tmp_path, single_device_run):
     assert not bad_dir.exists()
 
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["backend"] == "tensorflow"
     assert metrics["num_replicas"] == 2
     assert metrics["strategy"] == "mirrored"
     final = metrics["diagnostics"]["final"]["summary"]
@@ -112,6 +140,7 @@ def test_mirrored_matches_single_device(tmp_path, single_device_run):
     np.testing.assert_allclose(mirrored_curve, single_curve, rtol=1e-4)
     for got, want in zip(_weights(run_dir), _weights(single_device_run)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    _assert_same_checkpoints(run_dir, single_device_run, rtol=1e-4)
 
 
 def test_multiworker_matches_single_device(
@@ -164,6 +193,7 @@ def test_multiworker_matches_single_device(
     # Only the chief (worker 0) wrote the run directory.
     assert len(os.listdir(logdir / "train")) == 1
     metrics = json.loads((logdir / "metrics.json").read_text())
+    assert metrics["backend"] == "tensorflow"
     assert metrics["num_replicas"] == 2
     assert metrics["strategy"] == "multiworker"
 
@@ -178,7 +208,86 @@ def test_multiworker_matches_single_device(
     # The chief's saved model holds the same weights as its memory.
     for got, want in zip(_weights(logdir), single_weights):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # Its checkpoints too; the other worker wrote none (they share the
+    # directory).
+    _assert_same_checkpoints(logdir, reference, rtol=1e-4)
     # The clip really bit: clipped and unclipped runs differ.
     assert not np.allclose(
         _train_curve(single_device_run), _train_curve(reference), rtol=1e-4
     )
+
+
+def test_jax_data_parallel_matches_one_device(tmp_path):
+    jax_tiny = [*TINY, "--backend", "jax"]
+    bad_dir, two_dir, one_dir = (tmp_path / name
+                                 for name in ("bad", "two", "one"))
+    runs = {
+        # Two host devices: `--strategy auto` shards the global batch over
+        # both (keras.distribution.DataParallel).
+        "two": [
+            ["train", *jax_tiny, "--strategy", "auto", "--batch-size", "15",
+             "--logdir", str(bad_dir)],
+            ["train", *jax_tiny, "--strategy", "auto", "--logdir",
+             str(two_dir)],
+        ],
+        # The reference: a process that sees one device.
+        "one": [["train", *jax_tiny, "--strategy", "default", "--logdir",
+                 str(one_dir)]],
+    }
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, WORKER, "jax", str(2 if name == "two" else 1),
+             json.dumps(argv_lists)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_environment(),
+        )
+        for name, argv_lists in runs.items()
+    }
+    outputs = {}
+    try:
+        for name, process in processes.items():
+            outputs[name] = process.communicate(timeout=300)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+    for name, process in processes.items():
+        assert process.returncode == 0, outputs[name][1][-3000:]
+    two = json.loads(outputs["two"][0].strip().splitlines()[-1])
+    one = json.loads(outputs["one"][0].strip().splitlines()[-1])
+    assert two == {"statuses": [2, 0], "devices": 2}
+    assert one == {"statuses": [0], "devices": 1}
+    # A global batch of 15 does not split over 2 devices: usage error,
+    # nothing written.
+    assert ("keras-attention train: error: --batch-size (15) must be "
+            "divisible by the number of replicas (2)") in outputs["two"][1]
+    assert not bad_dir.exists()
+
+    metrics = json.loads((two_dir / "metrics.json").read_text())
+    single = json.loads((one_dir / "metrics.json").read_text())
+    assert metrics["backend"] == single["backend"] == "jax"
+    assert metrics["device_count"] == 2 and metrics["num_replicas"] == 2
+    assert metrics["strategy"] == "mirrored"
+    assert single["device_count"] == 1 and single["num_replicas"] == 1
+    assert single["strategy"] == "default"
+
+    two_curve, one_curve = _train_curve(two_dir), _train_curve(one_dir)
+    assert len(two_curve) == len(one_curve) == 12
+    np.testing.assert_allclose(two_curve, one_curve, rtol=1e-5)
+    weights, single_weights = _weights(two_dir), _weights(one_dir)
+    assert len(weights) == len(single_weights) > 0
+    for got, want in zip(weights, single_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # The checkpoints hold the replicated state, written back from the
+    # devices.
+    _assert_same_checkpoints(two_dir, one_dir, rtol=1e-5)
+    assert metrics["heldout_loss"] == pytest.approx(single["heldout_loss"],
+                                                    rel=1e-5)
+    # The diagnostics see the trained, replicated weights: those of the
+    # one-device run.
+    final = metrics["diagnostics"]["final"]["summary"]
+    want = single["diagnostics"]["final"]["summary"]
+    assert final["grad_norm_query"] > 0 and final["grad_norm_key"] > 0
+    assert sorted(final) == sorted(want)
+    for key, value in want.items():
+        assert final[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

@@ -3,64 +3,131 @@ and the quiet stderr of normal commands.
 
 Each case drives `keras-attention` as a user does (the command line, in this
 process or in a child process) and checks the promise against the files on
-disk and against an uninterrupted run of the same config (its weights
-compared with numpy).
+disk and against an uninterrupted run of the same config on the same
+backend (its weights compared with numpy). The kill and the refused write
+run on TensorFlow and on JAX; a JAX command runs in a child process (the
+Keras backend of this process is TensorFlow, fixed at import).
+
+A checkpoint is one file, `checkpoints/ckpt-<step>.npz`, staged as
+`.ckpt-<step>.npz.tmp-<random>.npz` beside it and renamed into place
+(`pipelines.checkpoints`, `keras_attention.files.atomic_path`).
 """
 
 import fcntl
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import zipfile
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from tensorboard.backend.event_processing.event_file_loader import (
+    EventFileLoader,
+)
 
 from pipelines.cli import main
 from pipelines.run_dir import restore_model
+from pipelines.tensorboard import read_event_scalars
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT_WORKER = os.path.join(REPO, "tests", "_write_limit_worker.py")
+KILL_WORKER = os.path.join(REPO, "tests", "_kill_worker.py")
 
+BACKENDS = ("tensorflow", "jax")
 # 30 steps, a checkpoint every 10: ckpt-10, -20, -30.
 RUN = dict(steps=30, checkpoint_every=10, eval_every=10, log_every=5,
            diagnostics_every=30, seed=5, deterministic=True)
-# A checkpoint data file of this model is 34 KB: a save under this file
-# size limit fails mid-write (see _write_limit_worker.py).
+# A checkpoint file of this model is 44 KB: a save under this file size
+# limit fails mid-write (see _write_limit_worker.py).
 CHECKPOINT_LIMIT_BYTES = 20_000
-# Temporary names TensorFlow's and this package's writers use.
-TEMPORARY_MARKS = ("_temp", ".tmp", "tempstate")
+# A checkpoint's file name, and the name `atomic_path` stages it under.
+CHECKPOINT = re.compile(r"^ckpt-(\d+)\.npz$")
+STAGING = re.compile(r"^\.ckpt-(\d+)\.npz\.tmp-[^/]+\.npz$")
+# What every staging name of `atomic_path` holds.
+TEMPORARY_MARK = ".tmp-"
 
 
 @pytest.fixture(scope="module")
-def config_file(tmp_path_factory, tiny_config):
-    """A `--config` file of the tiny run."""
-    path = tmp_path_factory.mktemp("config") / "tiny.json"
-    path.write_text(json.dumps(tiny_config(**RUN).to_dict()))
-    return str(path)
+def config_files(tmp_path_factory, tiny_config):
+    """`{backend: path}` of `--config` files of the tiny run."""
+    directory = tmp_path_factory.mktemp("config")
+    paths = {}
+    for backend in BACKENDS:
+        values = tiny_config(**RUN).to_dict()
+        values["backend"] = backend
+        paths[backend] = str(directory / f"tiny_{backend}.json")
+        with open(paths[backend], "w") as handle:
+            json.dump(values, handle)
+    return paths
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, config_file):
-    """An uninterrupted run of the tiny config: its directory."""
-    logdir = tmp_path_factory.mktemp("reference") / "run"
-    assert main(_train(config_file, logdir)) == 0
-    return logdir
+def config_file(config_files):
+    """The `--config` file of the tiny run on TensorFlow."""
+    return config_files["tensorflow"]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, config_files):
+    """`references(backend)`: the directory of an uninterrupted run of the
+    tiny config on `backend` (run once, when first asked for)."""
+    runs = {}
+
+    def reference(backend):
+        if backend not in runs:
+            logdir = tmp_path_factory.mktemp(f"reference_{backend}") / "run"
+            status, stderr = _command(
+                backend, _train(config_files[backend], logdir)
+            )
+            assert status == 0, stderr[-3000:]
+            runs[backend] = logdir
+        return runs[backend]
+
+    return reference
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    """The uninterrupted TensorFlow run of the tiny config."""
+    return references("tensorflow")
 
 
 def _train(config_file, logdir, *flags):
-    return ["train", "--config", config_file, "--logdir", str(logdir), *flags]
+    """`train` of a config file of `config_files`, on its backend."""
+    with open(config_file) as handle:
+        backend = json.load(handle)["backend"]
+    return ["train", "--config", config_file, "--backend", backend,
+            "--logdir", str(logdir), *flags]
 
 
-def _environment(**changes):
+def _environment():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep
                + os.environ.get("PYTHONPATH", ""))
-    env.update(changes)
+    # JAX on the CPU, where XLA is deterministic: the runs compared share
+    # it (on a GPU, JAX would take the GPU, whose scatter-adds are not).
+    env.setdefault("JAX_PLATFORMS", "cpu")
     return env
+
+
+def _command(backend, argv, capfd=None, timeout=300):
+    """Runs `keras-attention ARGV` on `backend`: in this process on
+    TensorFlow (stderr read through `capfd`, or not at all without it), in
+    a child process on JAX. Returns `(exit status, stderr)`."""
+    if backend == "tensorflow":
+        if capfd is None:
+            return main(argv), ""
+        capfd.readouterr()
+        status = main(argv)
+        return status, capfd.readouterr().err
+    result = subprocess.run(_cli(argv), env=_environment(),
+                            capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stderr
 
 
 # `python -c WHEN_TOLD ARG...`: imports the command line, waits for a line
@@ -110,12 +177,49 @@ def _mtimes(root):
 
 def _temporaries(root):
     return [path for path in _files(root)
-            if any(mark in os.path.basename(path) for mark in TEMPORARY_MARKS)]
+            if TEMPORARY_MARK in os.path.basename(path)]
 
 
 def _checkpoint_files(run_dir):
     directory = run_dir / "checkpoints"
     return sorted(os.listdir(directory)) if directory.exists() else []
+
+
+def _whole_checkpoints(*steps):
+    return sorted(f"ckpt-{step}.npz" for step in steps)
+
+
+def _checkpointed_steps(run_dir):
+    """The steps of the checkpoint files on disk, oldest first."""
+    return sorted(int(match.group(1)) for match in
+                  map(CHECKPOINT.match, _checkpoint_files(run_dir)) if match)
+
+
+def _checkpoint_arrays(path):
+    """A checkpoint file's arrays, without the variables' paths (their
+    names carry process-wide counters)."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files
+                if not name.endswith("/paths")}
+
+
+def _assert_same_checkpoint(path, reference_path):
+    got, want = _checkpoint_arrays(path), _checkpoint_arrays(reference_path)
+    assert sorted(got) == sorted(want) and len(got) > 2
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
+
+
+def _logged_steps(directory, tag):
+    """Every step `tag` is logged at under `directory`, once per record
+    (across all event files: a resumed run adds its own file)."""
+    steps = []
+    for name in sorted(os.listdir(directory)):
+        for event in EventFileLoader(os.path.join(directory, name)).Load():
+            steps += [event.step for value in event.summary.value
+                      if value.tag == tag]
+    return sorted(steps)
 
 
 def _one_line(stderr):
@@ -124,30 +228,50 @@ def _one_line(stderr):
     return lines[0]
 
 
+def _resume(backend, config_file, logdir, reference, capfd, from_step):
+    """The same command again, with room: exit 0, nothing on stderr, and the
+    uninterrupted run's weights."""
+    status, stderr = _command(backend, _train(config_file, logdir), capfd)
+    assert status == 0, stderr[-3000:]
+    assert stderr == "", stderr[-3000:]
+    metrics = json.loads((logdir / "metrics.json").read_text())
+    assert metrics["backend"] == backend
+    assert metrics["resumed_from_step"] == from_step
+    assert metrics["steps"] == RUN["steps"]
+    _assert_same_weights(logdir, reference)
+    assert metrics["heldout_accuracy"] == pytest.approx(
+        json.loads((reference / "metrics.json").read_text())[
+            "heldout_accuracy"], abs=1e-6)
+    assert _temporaries(logdir) == []
+    assert _checkpoint_files(logdir) == _whole_checkpoints(10, 20, 30)
+    return metrics
+
+
 # ------------------------------------------------------------------ locks
 def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
     tmp_path, config_file, reference, capfd
 ):
     logdir = tmp_path / "run"
-    # A long run of the same config: it holds the directory while the
-    # second process starts.
-    long_run = _train(config_file, logdir, "--steps", "100000")
-    holder = subprocess.Popen(_cli(long_run), env=_environment(),
-                              stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    command = _train(config_file, logdir)
+    # The run holds its directory, waiting after its second save (ckpt-20),
+    # while the second process starts.
+    holder = subprocess.Popen(
+        [sys.executable, KILL_WORKER, "after-save", "2", *command],
+        env=_environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
     # The second process imports everything meanwhile and runs the same
     # command when told to.
     second = subprocess.Popen(
-        [sys.executable, "-c", WHEN_TOLD, *long_run], env=_environment(),
+        [sys.executable, "-c", WHEN_TOLD, *command], env=_environment(),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.time() + 120
-        while not (logdir / "checkpoints" / "checkpoint").exists():
-            assert holder.poll() is None, holder.stderr.read()[-3000:]
-            assert time.time() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
+        ready, _, _ = select.select([holder.stdout], [], [], 120)
+        assert ready, "the run saved no checkpoint in time"
+        saved = holder.stdout.readline()
+        assert saved == "saved 20\n", holder.stderr.read()[-3000:]
         assert (logdir / ".lock").read_text().strip() == str(holder.pid)
         config_before = (logdir / "config.json").stat().st_mtime_ns
 
@@ -172,28 +296,21 @@ def test_second_process_exits_2_and_a_killed_one_blocks_nothing(
         for process in (holder, second):
             if process.poll() is None:
                 process.kill()
-        holder.stderr.close()
+        for stream in (holder.stdin, holder.stdout, holder.stderr):
+            stream.close()
     assert holder.returncode == -signal.SIGKILL
+    assert _checkpoint_files(logdir) == _whole_checkpoints(10, 20)
 
-    # The killed holder's lock went with it: the next start runs and
-    # resumes (the config file fixes warmup_steps, so --steps, a runtime
-    # setting, may change: ten more steps are enough).
-    killed_at = int(tf.train.latest_checkpoint(
-        str(logdir / "checkpoints")).rsplit("-", 1)[1])
-    # What a kill in the middle of a save leaves (TensorFlow's staging
-    # names) is cleared by the next start.
-    staged = logdir / "checkpoints" / f"ckpt-{killed_at + 10}_temp"
-    staged.mkdir()
-    (staged / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
-    (logdir / "checkpoints" / "checkpoint.tmp0123abcd").write_text("x")
-    capfd.readouterr()
-    assert main(_train(config_file, logdir, "--steps",
-                       str(killed_at + 10))) == 0
-    assert capfd.readouterr().err == ""
-    metrics = json.loads((logdir / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == killed_at > 0
+    # What a kill in the middle of a save leaves (the staging file of the
+    # checkpoint; a partial one, here) is cleared by the next start.
+    checkpoints = logdir / "checkpoints"
+    staged = checkpoints / ".ckpt-30.npz.tmp-0123abcd.npz"
+    staged.write_bytes(b"PK\x03\x04 cut short")
+    # The killed holder's lock went with it: the same command runs, resumes
+    # and ends where the uninterrupted run did.
+    _resume("tensorflow", config_file, logdir, reference, capfd,
+            from_step=20)
     assert (logdir / ".lock").read_text().strip() == str(os.getpid())
-    assert _temporaries(logdir) == []
 
 
 def test_a_comparison_started_twice_exits_2(tmp_path, capsys):
@@ -216,17 +333,67 @@ def test_a_comparison_started_twice_exits_2(tmp_path, capsys):
     assert _files(logdir) == [".lock"]
 
 
+# ------------------------------------------------------------------ kills
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_mid_save_resumes_to_the_uninterrupted_weights(
+    tmp_path, backend, config_files, references, capfd
+):
+    config_file = config_files[backend]
+    logdir = tmp_path / "run"
+    # Killed during the save of ckpt-20, its staging file written: steps
+    # 11..20 are logged, ckpt-10 is the last checkpoint.
+    killed = subprocess.Popen(
+        [sys.executable, KILL_WORKER, "in-save", "2",
+         *_train(config_file, logdir)],
+        env=_environment(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        # The uninterrupted run (the first time it is asked for) runs
+        # meanwhile.
+        reference = references(backend)
+        _, stderr = killed.communicate(timeout=300)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.communicate()
+    assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
+    assert not (logdir / "metrics.json").exists()
+    names = _checkpoint_files(logdir)
+    assert len(names) == 2 and names[1] == "ckpt-10.npz", names
+    assert STAGING.match(names[0]) and names[0].startswith(".ckpt-20.npz")
+    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20]
+
+    metrics = _resume(backend, config_file, logdir, reference, capfd,
+                      from_step=10)
+    assert [step for step, _ in metrics["eval_history"]] == [0, 10, 20, 30]
+    # One continuous curve: each step logged once across the killed and the
+    # resumed run's event files, with the uninterrupted run's values (steps
+    # 11..20 were recomputed from ckpt-10, not logged again).
+    for sub, tag, steps in (("train", "loss", [5, 10, 15, 20, 25, 30]),
+                            ("eval", "accuracy", [0, 10, 20, 30])):
+        assert _logged_steps(logdir / sub, tag) == steps, sub
+        got = read_event_scalars(str(logdir / sub))[tag]
+        want = read_event_scalars(str(reference / sub))[tag]
+        assert sorted(want) == steps
+        for step in steps:
+            assert got[step] == pytest.approx(want[step], rel=1e-6), step
+    for step in (10, 20, 30):
+        _assert_same_checkpoint(logdir / "checkpoints" / f"ckpt-{step}.npz",
+                                reference / "checkpoints" / f"ckpt-{step}.npz")
+
+
 # --------------------------------------------------------- write failures
-def _assert_failed_write(result, logdir, reason):
+def _assert_failed_write(status, stderr, logdir, reason):
     """A refused write: exit 1, one line naming the last checkpoint on disk
     (or none), no temporary file; returns the line and that step (0 for
     none)."""
-    assert result.returncode == 1, result.stderr[-3000:]
-    line = _one_line(result.stderr)
+    assert status == 1, stderr[-3000:]
+    line = _one_line(stderr)
     assert line.startswith("keras-attention train: error: cannot write ")
     assert reason in line
-    recorded = tf.train.latest_checkpoint(str(logdir / "checkpoints"))
-    if recorded is None:
+    steps = _checkpointed_steps(logdir)
+    if not steps:
         assert line.endswith(
             "no step is checkpointed yet; free space and run the same "
             "command to start again"
@@ -234,49 +401,81 @@ def _assert_failed_write(result, logdir, reason):
         assert _checkpoint_files(logdir) == []
         step = 0
     else:
-        step = int(recorded.rsplit("-", 1)[1])
+        step = steps[-1]
+        recorded = logdir / "checkpoints" / f"ckpt-{step}.npz"
         assert line.endswith(
             f"the last step safely checkpointed is {step} ({recorded}); "
             "free space and run the same command to resume from there"
         )
-        # Only whole checkpoints up to that step are left.
-        assert _checkpoint_files(logdir) == ["checkpoint"] + sorted(
-            f"ckpt-{saved}{suffix}" for saved in range(10, step + 1, 10)
-            for suffix in (".data-00000-of-00001", ".index")
-        )
+        # Only whole checkpoints up to that step are left, the newest 3.
+        assert _checkpoint_files(logdir) == _whole_checkpoints(
+            *range(10, step + 1, 10))[-3:]
     assert _temporaries(logdir) == []
     assert not (logdir / "metrics.json").exists()
     return line, step
 
 
-def _resume(config_file, logdir, reference, capfd, from_step):
-    capfd.readouterr()
-    assert main(_train(config_file, logdir)) == 0
-    assert capfd.readouterr().err == ""
-    metrics = json.loads((logdir / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == from_step
-    assert metrics["steps"] == RUN["steps"]
-    _assert_same_weights(logdir, reference)
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_write_failure_mid_checkpoint_then_resume_to_identical_weights(
-    tmp_path, config_file, reference, capfd
+    tmp_path, backend, config_files, references, capfd
 ):
+    config_file = config_files[backend]
     logdir = tmp_path / "run"
-    # ckpt-10 is saved; ckpt-20's data file is cut short mid-write (EFBIG).
+    # ckpt-10 is saved; ckpt-20's file is cut short mid-write (EFBIG).
     result = subprocess.run(
-        [sys.executable, LIMIT_WORKER, str(CHECKPOINT_LIMIT_BYTES), "1",
+        [sys.executable, LIMIT_WORKER, "in-save",
+         str(CHECKPOINT_LIMIT_BYTES), "1", *_train(config_file, logdir)],
+        env=_environment(), capture_output=True, text=True, timeout=300,
+    )
+    checkpoints = logdir / "checkpoints"
+    line, step = _assert_failed_write(result.returncode, result.stderr,
+                                      logdir, "File too large")
+    assert step == 10
+    assert line == (
+        "keras-attention train: error: cannot write checkpoint "
+        f"{checkpoints / 'ckpt-20.npz'}: File too large; the last step "
+        f"safely checkpointed is 10 ({checkpoints / 'ckpt-10.npz'}); free "
+        "space and run the same command to resume from there"
+    )
+    reference = references(backend)
+    # The checkpoint left is whole: the uninterrupted run's ckpt-10.
+    _assert_same_checkpoint(checkpoints / "ckpt-10.npz",
+                            reference / "checkpoints" / "ckpt-10.npz")
+    # "Space freed": the same command without the limit.
+    _resume(backend, config_file, logdir, reference, capfd, from_step=10)
+
+
+@pytest.mark.parametrize("backend", [
+    "tensorflow",
+    # The JAX run's refused checkpoint write is the default case above.
+    pytest.param("jax", marks=pytest.mark.slow),
+])
+def test_write_failure_in_an_event_file_then_resume_to_identical_weights(
+    tmp_path, backend, config_files, references, capfd
+):
+    config_file = config_files[backend]
+    logdir = tmp_path / "run"
+    # Once ckpt-20 is saved no file may grow past 100 bytes: the next
+    # write, the train events of step 25, is refused (EFBIG).
+    result = subprocess.run(
+        [sys.executable, LIMIT_WORKER, "after-save", "100", "2",
          *_train(config_file, logdir)],
         env=_environment(), capture_output=True, text=True, timeout=300,
     )
-    line, step = _assert_failed_write(result, logdir, "File too large")
-    assert step == 10
-    assert line.startswith(
-        "keras-attention train: error: cannot write checkpoint "
-        f"{logdir / 'checkpoints' / 'ckpt-20'}: File too large; "
+    checkpoints = logdir / "checkpoints"
+    line, step = _assert_failed_write(result.returncode, result.stderr,
+                                      logdir, "File too large")
+    assert line == (
+        "keras-attention train: error: cannot write the event file in "
+        f"{logdir / 'train'}: File too large; the last step safely "
+        f"checkpointed is 20 ({checkpoints / 'ckpt-20.npz'}); free space "
+        "and run the same command to resume from there"
     )
-    # "Space freed": the same command without the limit.
-    _resume(config_file, logdir, reference, capfd, from_step=10)
+    assert step == 20
+    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20]
+    _resume(backend, config_file, logdir, references(backend), capfd,
+            from_step=20)
+    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20, 25, 30]
 
 
 def test_full_tmpfs_then_resume_to_identical_weights(
@@ -285,8 +484,8 @@ def test_full_tmpfs_then_resume_to_identical_weights(
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
     # Under half of what the whole run writes (tmpfs counts whole pages):
-    # the disk fills up mid-run (at ckpt-20 here; where depends on the
-    # sizes of the event files).
+    # the disk fills up mid-run (where depends on the sizes of the event
+    # files).
     pages = sum(
         -(-os.path.getsize(os.path.join(directory, name)) // 4096) + 1
         for directory, _, names in os.walk(reference) for name in names
@@ -306,17 +505,73 @@ def test_full_tmpfs_then_resume_to_identical_weights(
             _cli(_train(config_file, logdir)), env=_environment(),
             capture_output=True, text=True, timeout=300,
         )
-        _, step = _assert_failed_write(result, logdir,
-                                       "No space left on device")
+        _, step = _assert_failed_write(result.returncode, result.stderr,
+                                       logdir, "No space left on device")
         # Space freed: the same disk, made larger.
         subprocess.run(["mount", "-o", f"remount,size={4 * size}",
                         str(mount_point)], check=True)
-        _resume(config_file, logdir, reference, capfd, from_step=step)
+        _resume("tensorflow", config_file, logdir, reference, capfd,
+                from_step=step)
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 # ---------------------------------------------------- damaged checkpoints
+def _flip_a_byte(path, member):
+    """Flips one byte in the middle of `member`'s data in the zip file at
+    `path` (the archive still opens; the member's CRC-32 no longer
+    matches)."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    with open(path, "r+b") as handle:
+        handle.seek(info.header_offset)
+        header = handle.read(30)
+        name_length = int.from_bytes(header[26:28], "little")
+        extra_length = int.from_bytes(header[28:30], "little")
+        offset = (info.header_offset + 30 + name_length + extra_length
+                  + info.file_size // 2)
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_damaged_checkpoint_is_named_and_the_one_before_exported(
+    tmp_path, reference, capfd
+):
+    logdir = tmp_path / "run"
+    shutil.copytree(reference, logdir)
+    for name in ("metrics.json", "model.keras"):
+        (logdir / name).unlink()
+    checkpoints = logdir / "checkpoints"
+    newest = checkpoints / "ckpt-30.npz"
+    # A weight's bytes changed on disk (the file's length unchanged).
+    _flip_a_byte(newest, "model/00005.npy")
+    capfd.readouterr()
+    before = _mtimes(logdir)
+    exported = tmp_path / "exported.keras"
+    assert main(["export", "--logdir", str(logdir), "--out",
+                 str(exported)]) == 0
+    assert _one_line(capfd.readouterr().err) == (
+        f"keras-attention: warning: checkpoint file {newest} is corrupt "
+        "(Bad CRC-32 for file 'model/00005.npy'); exporting ckpt-20.npz, "
+        "step 20"
+    )
+    assert _mtimes(logdir) == before
+    # The exported weights are ckpt-20's: those of the reference's ckpt-20,
+    # restored here by a second path (its arrays, in the model's variable
+    # order).
+    model = keras.saving.load_model(exported)
+    stored = _checkpoint_arrays(reference / "checkpoints" / "ckpt-20.npz")
+    assert len(model.variables) > 0
+    for index, variable in enumerate(model.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(variable.value),
+            stored[f"model/{index:05d}"], err_msg=variable.path)
+    final = _checkpoint_arrays(reference / "checkpoints" / "ckpt-30.npz")
+    assert not np.array_equal(final["model/00005"], stored["model/00005"])
+
+
 def test_a_truncated_checkpoint_falls_back_or_exits_2(
     tmp_path, config_file, reference, capfd
 ):
@@ -324,7 +579,8 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
     shutil.copytree(reference, logdir)
     for name in ("metrics.json", "model.keras"):
         (logdir / name).unlink()
-    newest = logdir / "checkpoints" / "ckpt-30.data-00000-of-00001"
+    checkpoints = logdir / "checkpoints"
+    newest = checkpoints / "ckpt-30.npz"
     os.truncate(newest, os.path.getsize(newest) // 2)
 
     # export reads the run's checkpoints the same way, and changes nothing.
@@ -335,53 +591,48 @@ def test_a_truncated_checkpoint_falls_back_or_exits_2(
                  str(exported)]) == 0
     assert _one_line(capfd.readouterr().err) == (
         f"keras-attention: warning: checkpoint file {newest} is corrupt "
-        "(Read less bytes than requested); exporting ckpt-20, step 20"
+        "(File is not a zip file); exporting ckpt-20.npz, step 20"
     )
     assert exported.exists()
     assert _mtimes(logdir) == before
 
-    # train resumes from ckpt-20; here its next save, ckpt-30, fails, and
-    # the damaged ckpt-30 is not called safe.
+    # train resumes from ckpt-20, removing the damaged ckpt-30; here its
+    # next save, ckpt-30, fails, and the damaged ckpt-30 is not called safe.
     result = subprocess.run(
-        [sys.executable, LIMIT_WORKER, str(CHECKPOINT_LIMIT_BYTES), "0",
-         *_train(config_file, logdir)],
+        [sys.executable, LIMIT_WORKER, "in-save",
+         str(CHECKPOINT_LIMIT_BYTES), "0", *_train(config_file, logdir)],
         env=_environment(), capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 1
+    assert result.returncode == 1, result.stderr[-3000:]
     assert result.stderr.splitlines() == [
         f"keras-attention: warning: checkpoint file {newest} is corrupt "
-        "(Read less bytes than requested); resuming from ckpt-20, step 20",
+        "(File is not a zip file); resuming from ckpt-20.npz, step 20",
         "keras-attention train: error: cannot write checkpoint "
-        f"{logdir / 'checkpoints' / 'ckpt-30'}: File too large; the last "
-        "step safely checkpointed is 20 "
-        f"({logdir / 'checkpoints' / 'ckpt-20'}); free space and run the "
-        "same command to resume from there",
+        f"{newest}: File too large; the last step safely checkpointed is "
+        f"20 ({checkpoints / 'ckpt-20.npz'}); free space and run the same "
+        "command to resume from there",
     ]
     assert _temporaries(logdir) == []
+    assert _checkpoint_files(logdir) == _whole_checkpoints(10, 20)
     # With space, the same command resumes from ckpt-20 (the damaged
-    # checkpoint is forgotten: no second warning) and ends where the
+    # checkpoint is gone: no second warning) and ends where the
     # uninterrupted run did.
-    assert main(_train(config_file, logdir)) == 0
-    assert capfd.readouterr().err == ""
-    metrics = json.loads((logdir / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == 20
-    _assert_same_weights(logdir, reference)
+    _resume("tensorflow", config_file, logdir, reference, capfd,
+            from_step=20)
 
     # No whole checkpoint at all: exit 2 naming the newest file, nothing
     # written (the lock file records the pid of each start).
     for step in (10, 20, 30):
-        data = logdir / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
-        os.truncate(data, 100)
+        os.truncate(checkpoints / f"ckpt-{step}.npz", 100)
     (logdir / "metrics.json").unlink()
     before = _mtimes(logdir)
-    assert main(_train(config_file, logdir)) == 2
-    line = _one_line(capfd.readouterr().err)
-    assert line.startswith(
-        f"keras-attention train: error: checkpoint file {newest} is corrupt ("
-    )
-    assert line.endswith(
-        "and no earlier checkpoint is whole; move "
-        f"{logdir / 'checkpoints'} aside to train from the start"
+    status, stderr = _command("tensorflow", _train(config_file, logdir),
+                              capfd)
+    assert status == 2
+    assert _one_line(stderr) == (
+        f"keras-attention train: error: checkpoint file {newest} is corrupt "
+        "(File is not a zip file) and no earlier checkpoint is whole; move "
+        f"{checkpoints} aside to train from the start"
     )
     assert _mtimes(logdir) == before
 
@@ -415,3 +666,4 @@ def test_normal_commands_print_nothing_on_stderr(tmp_path, config_file):
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.splitlines()[-1]) == [0] * len(commands)
     assert result.stderr == "", result.stderr[-3000:]
+    assert (tmp_path / "saved_model" / "saved_model.pb").exists()
