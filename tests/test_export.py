@@ -519,7 +519,7 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
     shutil.copytree(run_dir["logdir"], corrupt_checkpoint)
     os.remove(corrupt_checkpoint / "model.keras")
     for name in os.listdir(corrupt_checkpoint / "checkpoints"):
-        if ".data-" in name or name.endswith(".index"):
+        if name.endswith(".npz"):
             (corrupt_checkpoint / "checkpoints" / name).write_bytes(b"\x00bad")
     blocker = tmp_path / "blocker"
     blocker.write_text("")
