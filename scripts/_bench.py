@@ -365,7 +365,9 @@ def measure_matmul_flops(size=2048, dtype="float32", seconds=2.0):
         # four ops is far below the matmuls' time.
         for _ in range(chain):
             x = keras.ops.matmul(x, b)
-        return float(keras.ops.convert_to_numpy(x[0, 0]))
+        # float32 first: numpy has no bfloat16 for the sync's one value.
+        corner = keras.ops.cast(x[0, 0], "float32")
+        return float(keras.ops.convert_to_numpy(corner))
 
     float(run(a))  # Trace and warm up.
     flops_per_call = 2.0 * size ** 3 * chain
