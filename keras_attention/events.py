@@ -1,4 +1,5 @@
-"""`SummaryWriter`: TensorBoard event files written without TensorFlow.
+"""`SummaryWriter`: TensorBoard event files written (and `read_events`: read
+back) without TensorFlow.
 
 Floor 0: numpy, the standard library, TensorBoard's protos and plugin
 metadata, and Pillow for PNG; never TensorFlow, not even through
@@ -336,6 +337,28 @@ class SummaryWriter:
                 pass
             raise
         self._end += len(record)
+
+
+def read_events(path):
+    """The `Event` protos of one event file, in order, up to its first
+    record that is cut short or fails its checksum (a crash mid-write).
+    TensorFlow-free, like the writer (TensorBoard's `EventFileLoader`
+    imports TensorFlow whenever it is installed)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    position = 0
+    while position + 12 <= len(data):
+        header = data[position:position + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[position + 8:position + 12])
+        end = position + 12 + length + 4
+        if header_crc != masked_crc32c(header) or end > len(data):
+            return
+        record = data[position + 12:end - 4]
+        if struct.unpack("<I", data[end - 4:end])[0] != masked_crc32c(record):
+            return
+        yield event_pb2.Event.FromString(record)
+        position = end
 
 
 def _check_tag(tag):

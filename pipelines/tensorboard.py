@@ -1,10 +1,10 @@
 """TensorBoard: reading a run's events back, writing them once, HParams.
 
-Events are read record by record in TensorBoard's own format (its
-`event_pb2` protos and its masked CRC-32C), stopping at a record cut short
-by a crash: TensorBoard's `EventFileLoader` imports TensorFlow whenever it
-is installed (through `tensorboard.compat`), which put TensorFlow's start-up
-lines on the stderr of every resumed JAX or torch run. `LogWriter` skips the steps an
+Events are read with `keras_attention.events.read_events`, which stops at
+a record cut short by a crash: TensorBoard's `EventFileLoader` imports
+TensorFlow whenever it is installed (through `tensorboard.compat`), which
+put TensorFlow's start-up lines on the stderr of every resumed JAX or torch
+run. `LogWriter` skips the steps an
 earlier, killed run already logged, through the library's TensorFlow-free
 `SummaryWriter`. The HParams helpers (`hparams_of`, `write_experiment`)
 serve both `train` and `compare`; they build the HParams protos with the
@@ -14,15 +14,13 @@ plugin's `summary_v2` (its `api` module imports TensorFlow).
 import glob
 import json
 import os
-import struct
 from typing import NamedTuple
 
-from tensorboard.compat.proto import event_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.util.tensor_util import make_ndarray
 
 from keras_attention.events import SummaryWriter
+from keras_attention.events import read_events
 from pipelines.failures import writing
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import TRAIN_LOGS
@@ -34,26 +32,6 @@ RUN_METRICS = (
     ("loss", EVAL_LOGS, "heldout_loss"),
     ("steps_to_target", None, "steps_to_target"),
 )
-
-
-def read_events(path):
-    """The events of one event file, in order, up to its first record that
-    is cut short or fails its checksum (a crash mid-write)."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    position = 0
-    while position + 12 <= len(data):
-        header = data[position:position + 8]
-        (length,) = struct.unpack("<Q", header)
-        (header_crc,) = struct.unpack("<I", data[position + 8:position + 12])
-        end = position + 12 + length + 4
-        if header_crc != masked_crc32c(header) or end > len(data):
-            return
-        record = data[position + 12:end - 4]
-        if struct.unpack("<I", data[end - 4:end])[0] != masked_crc32c(record):
-            return
-        yield event_pb2.Event.FromString(record)
-        position = end
 
 
 def read_event_scalars(directory):

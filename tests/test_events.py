@@ -24,6 +24,9 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_file_loader import (
     EventFileLoader,
 )
+from tensorboard.backend.event_processing.event_file_loader import (
+    RawEventFileLoader,
+)
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import metadata as custom_metadata
 from tensorboard.plugins.histogram.summary_v2 import histogram_pb
@@ -33,6 +36,7 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from keras_attention.events import SummaryWriter
 from keras_attention.events import encode_png
+from keras_attention.events import read_events
 from keras_attention.viz.summary import summary_metadata
 from pipelines.common import WriteFailure
 from pipelines.tensorboard import DiscardingWriter
@@ -403,3 +407,34 @@ def test_bad_arguments_name_the_argument(tmp_path):
         writer.scalar("s", 1.0, 0)
     # Nothing but the file-version event was written.
     assert len(list(EventFileLoader(writer.path).Load())) == 1
+
+
+def test_read_events_agrees_with_tensorboard_and_stops_at_a_cut_record(
+        tmp_path):
+    """`read_events` against TensorBoard's own `RawEventFileLoader`: the same
+    events, whole file and cut mid-record (a crash), and a flipped byte in
+    a record's data ends the read there."""
+    with SummaryWriter(str(tmp_path)) as writer:
+        for step in range(5):
+            writer.scalar("loss", 1.0 / (step + 1), step)
+        path = writer.path
+
+    def ours(file):
+        return [event.SerializeToString() for event in read_events(file)]
+
+    def theirs(file):
+        # The raw records: EventFileLoader also migrates the summaries.
+        return list(RawEventFileLoader(file).Load())
+
+    whole = ours(path)
+    assert len(whole) == 6  # the file_version event and five scalars
+    assert whole == theirs(path)
+    data = open(path, "rb").read()
+    cut = tmp_path / "cut"
+    cut.write_bytes(data[:-7])  # the last record loses its tail
+    assert ours(str(cut)) == whole[:-1] == theirs(str(cut))
+    # A flipped byte in the last record's data: its CRC fails.
+    flipped = bytearray(data)
+    flipped[-6] ^= 0xFF
+    cut.write_bytes(bytes(flipped))
+    assert ours(str(cut)) == whole[:-1]
