@@ -16,7 +16,6 @@ import numpy as np
 
 from keras_attention.diagnostics import diagnostics_probe
 from keras_attention.diagnostics import write_diagnostics
-from keras_attention.recording import record_attention
 from keras_attention.viz import write_attention_summary
 from pipelines.backends import backend_module
 from pipelines.builders import build_model
@@ -110,29 +109,33 @@ MAX_IMAGES = 3
 def make_diagnose(host_model, parts, probe, writer, task=None,
                   probe_host_model=None):
     """`diagnose(step, images=True)`: the diagnostics of the current weights
-    of `parts.model` (synced from `parts.steps`) on the probe batch, logged to `writer` (with the Images tab's heat maps
-    when `images`) and returned as their JSON record.
+    of `parts.model` (synced from `parts.steps`) on the probe batch, logged
+    to `writer` (with the Images tab's heat maps when `images`) and
+    returned as their JSON record.
 
     With the `task`, it also writes the Attention dashboard's summary of
     the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
-    labelled by `task.token_labels` and `task.target_cells`.
+    labelled by `task.token_labels` and `task.target_cells`, from the
+    probe's own records (weights, scores, mask).
     `probe_host_model` is the compiled probe of `host_model` (default: a new
     `diagnostics_probe`; a sweep passes the one it keeps across runs)."""
     if probe_host_model is None:
         # Compiled once per run: eager probing cost about 3x more per call.
         probe_host_model = diagnostics_probe(host_model)
-    write_maps = None if task is None else _dashboard_writer(
-        host_model, probe[0], task)
+    token_ids = np.asarray(probe[0])
     # The Images tab's heat maps carry the same token labels.
-    labels = None if task is None else task.token_labels(np.asarray(probe[0]))
+    labels = None if task is None else task.token_labels(token_ids)
+    shown = token_ids[:DASHBOARD_EXAMPLES]
+    cells = None if task is None else task.target_cells(shown)
 
     def diagnose(step, images=True):
         parts.steps.sync()
         host_model.set_weights(parts.model.get_weights())
         diagnostics = probe_host_model(*probe)
         if writer.wants(step):
-            if write_maps is not None:
-                write_maps(step, writer.writer)
+            if task is not None:
+                _write_dashboard(diagnostics, step, labels[:len(shown)],
+                                 cells, writer.writer)
             write_diagnostics(diagnostics, step, writer.writer,
                               max_images=MAX_IMAGES if images else 0,
                               query_labels=labels)
@@ -141,33 +144,15 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
     return diagnose
 
 
-def _dashboard_writer(host_model, tokens, task):
-    """`write(step, writer)`: the dashboard summary of the first probe
-    examples, from a forward pass under `record_attention` (the probe
-    returns weights but not the per-head scores the summary needs; this
-    eager pass on a few examples costs a fraction of the probe's)."""
-    tokens = tokens[:DASHBOARD_EXAMPLES]
-    token_ids = np.asarray(tokens)
-    labels = task.token_labels(token_ids)
-    cells = task.target_cells(token_ids)
-
-    def forward(tokens):
-        with record_attention(host_model) as records:
-            host_model(tokens, training=False)
-        # A mask is None when the layer had none.
-        return {name: {key: record.get(key) for key in
-                       ("weights", "scores", "mask")
-                       if record.get(key) is not None}
-                for name, record in records.items()}
-
-    def write(step, writer):
-        for name, record in forward(tokens).items():
-            write_attention_summary(
-                name, {key: keras.ops.convert_to_numpy(value)
-                       for key, value in record.items()},
-                step, labels, target_cells=cells, writer=writer)
-
-    return write
+def _write_dashboard(diagnostics, step, labels, cells, writer):
+    """The dashboard summary of the first probe examples of every layer."""
+    examples = len(labels)
+    for name, stats in diagnostics["layers"].items():
+        record = {key: stats[key][:examples]
+                  for key in ("weights", "scores", "mask")
+                  if stats[key] is not None}
+        write_attention_summary(name, record, step, labels,
+                                target_cells=cells, writer=writer)
 
 
 def diagnostics_record(diagnostics):
@@ -178,7 +163,7 @@ def diagnostics_record(diagnostics):
         return {
             key: to_jsonable(np.asarray(value, np.float64))
             for key, value in values.items()
-            if key not in ("weights", "entropy_rows")
+            if key not in ("weights", "scores", "mask", "entropy_rows")
         }
 
     return {

@@ -107,8 +107,9 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         `"grad_norm_query"`, `"grad_norm_key"`,
         `"grad_norm_value"`, `"grad_norm_scores"` (the L2 norms of the
         gradients of the loss; 0 for a kernel that is not trainable, on
-        every backend); and `"weights"`
-        `(B, H, T, S)`), and `"summary"` with the mean of each statistic of
+        every backend); and `"weights"`, `"scores"` (scaled, before the
+        mask) `(B, H, T, S)` and the boolean `"mask"` or `None`), in the
+        model's order of layers, and `"summary"` with the mean of each statistic of
         `SUMMARY_KEYS` over layers and heads (the maximum for
         `SUMMARY_MAX_KEYS`).
 
@@ -130,7 +131,7 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         model, layers, _forward_pass(model, layers, loss_fn),
         tokens, targets, sample_weight,
     )
-    return _diagnostics_from(targets, sample_weight, *passes)
+    return _diagnostics_from(layers, targets, sample_weight, *passes)
 
 
 def diagnostics_probe(model, loss_fn=None):
@@ -177,6 +178,7 @@ def diagnostics_probe(model, loss_fn=None):
     def probe(tokens, targets, sample_weight):
         targets, sample_weight = _probe_targets(targets, sample_weight)
         return _diagnostics_from(
+            layers,
             targets,
             sample_weight,
             *forward_backward(tokens, targets, sample_weight),
@@ -211,7 +213,14 @@ def _probe_targets(targets, sample_weight):
 
 
 def _backend():
-    return _GRADIENTS[keras.backend.backend()]
+    backend = keras.backend.backend()
+    if backend not in _GRADIENTS:
+        raise ValueError(
+            f"The diagnostics probe supports the "
+            f"{', '.join(repr(name) for name in _GRADIENTS)} backends. "
+            f"Received: backend={backend!r}"
+        )
+    return _GRADIENTS[backend]
 
 
 def _forward_pass(model, layers, loss_fn):
@@ -238,7 +247,8 @@ def _forward(model, layers, loss_fn, call, tokens, targets, sample_weight,
     return logits, loss, records
 
 
-def _diagnostics_from(targets, sample_weight, logits, loss, records, gradients):
+def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
+                      gradients):
     to_numpy = keras.ops.convert_to_numpy
     sample_weight = np.asarray(to_numpy(sample_weight), np.float64)
     correct = np.argmax(to_numpy(logits), axis=-1) == to_numpy(targets)
@@ -247,9 +257,17 @@ def _diagnostics_from(targets, sample_weight, logits, loss, records, gradients):
     )
 
     layer_stats = {}
-    for name in records:
+    # In the model's order: `jax.jit` hands dicts back with sorted keys
+    # ("attention_10" before "attention_2").
+    for name in (name for name in layers if name in records):
         grad_query, grad_key, grad_value, grad_scores = gradients[name]
         stats = layer_statistics(records[name])
+        # Kept for the Attention dashboard's summary, which needs the
+        # scores too (no second forward pass for it).
+        stats["scores"] = np.asarray(to_numpy(records[name]["scores"]),
+                                     np.float32)
+        mask = records[name].get("mask")
+        stats["mask"] = None if mask is None else np.asarray(to_numpy(mask))
         stats["grad_norm_query"] = global_norm(grad_query)
         stats["grad_norm_key"] = global_norm(grad_key)
         stats["grad_norm_value"] = global_norm(grad_value)
