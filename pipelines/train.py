@@ -76,12 +76,12 @@ def run(args):
     """Runs `keras-attention train` for parsed `args`; returns the exit
     status."""
     config = config_from_args(args)
-    config.validate()
+    # A finished run is left untouched: said, and exported when asked.
     complete = completed_metrics(config)
     if complete is not None:
         done = "nothing to do"
         if config.export is not None:
-            check_out_path(config.export, flag="--export")
+            check_out_path(config.export, flag="--export")  # train's words
             written, _ = export_run(config.logdir, config.export)
             done = f"exported it to {written}"
         print(f"keras-attention train: the run in {config.logdir} is "

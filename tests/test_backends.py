@@ -371,12 +371,12 @@ def test_probe_matches_tensorflow(tmp_path, backend):
     ))
     for kind, result in found.items():
         assert result["loss"] == pytest.approx(expected["loss"], rel=1e-5)
-        assert result["summary"].keys() == expected["summary"].keys()
+        assert list(result["summary"]) == list(expected["summary"])
         for key, value in expected["summary"].items():
             np.testing.assert_allclose(result["summary"][key], value,
                                        rtol=1e-5, atol=1e-6,
                                        err_msg=f"{kind} {key}")
-        assert result["layers"].keys() == expected["layers"].keys()
+        assert list(result["layers"]) == list(expected["layers"])
         for name, stats in expected["layers"].items():
             for key, value in stats.items():
                 if key == "weights":
@@ -409,7 +409,8 @@ CORE = {
         "or dropout_only or qk_norm_matches "
         "or (scale_modes and learned-fused) or auto_picks "
         "or test_learned_scale_and_qk_norm_cross_attention or test_dropout "
-        "or two_layer_probe or compiled_probe or score_offset_gradient"
+        "or two_layer_probe or compiled_probe or score_offset_gradient "
+        "or frozen_kernels"
     ),
     "torch": (
         "test_backends.py or test_layer_harness.py "

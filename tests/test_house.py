@@ -477,3 +477,52 @@ def test_every_package_init_has_a_docstring():
     missing = packages_without_docstring(ROOT)
     assert not missing, _listing("package __init__.py without docstring",
                                  missing)
+
+
+# The framework a module may import at its top: only a backend's own
+# training module (`pipelines/backends/_<name>.py`) imports its framework
+# there; everything else imports it inside the function that uses it (the
+# export, the TensorFlow kernels, the per-backend gradients), so the
+# library and the pipelines load without TensorFlow (issue 17).
+FRAMEWORKS = ("tensorflow", "jax", "torch")
+FRAMEWORK_MODULES = {f"pipelines.backends._{name}": name
+                     for name in FRAMEWORKS}
+
+
+def top_level_framework_imports(root):
+    """`(module, framework)` of every module-level import of a framework
+    outside the module allowed to import it."""
+    found = []
+    for module, path in modules(root).items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                framework = name.split(".")[0]
+                if (framework in FRAMEWORKS
+                        and FRAMEWORK_MODULES.get(module) != framework):
+                    found.append((module, framework))
+    return found
+
+
+def test_frameworks_are_imported_at_module_level_only_by_their_backend(
+        tmp_path):
+    # The checker sees a top-level import, and not one inside a function.
+    package = tmp_path / "keras_attention"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""Fake."""\n')
+    (package / "a.py").write_text("import tensorflow as tf\n")
+    (package / "b.py").write_text("def f():\n    import torch\n")
+    (tmp_path / "pipelines" / "backends").mkdir(parents=True)
+    (tmp_path / "pipelines" / "__init__.py").write_text('"""Fake."""\n')
+    (tmp_path / "pipelines" / "backends" / "_jax.py").write_text(
+        "import jax\nimport torch\n")
+    assert sorted(top_level_framework_imports(tmp_path)) == [
+        ("keras_attention.a", "tensorflow"),
+        ("pipelines.backends._jax", "torch"),
+    ]
+    assert top_level_framework_imports(ROOT) == []
