@@ -69,3 +69,23 @@ def check_choice(value, name, choices):
             f"received {value!r}."
         )
     return value
+
+
+# What a summary writer offers: `keras_attention.events.SummaryWriter`, or
+# anything with its methods (a non-chief worker's writer that discards).
+WRITER_METHODS = ("scalar", "histogram", "image", "text", "tensor",
+                  "write_summary", "flush")
+
+
+def check_writer(writer, name="writer"):
+    """Returns `writer` if it has `SummaryWriter`'s methods, else raises
+    `ValueError`."""
+    missing = [method for method in WRITER_METHODS
+               if not callable(getattr(writer, method, None))]
+    if missing:
+        raise ValueError(
+            f"`{name}` must be a keras_attention.events.SummaryWriter; "
+            f"received {type(writer).__name__} (without "
+            f"{', '.join(missing)})."
+        )
+    return writer

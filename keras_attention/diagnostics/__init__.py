@@ -4,7 +4,7 @@ Floor 2 (beside models, tasks and export): imports the layer floor
 (`keras_attention.recording`) and the core (`ops`, `validation`, `events`:
 the summaries are written to its `SummaryWriter`), never the pipelines.
 Inside the package, `statistics` (numpy statistics and `SUMMARY_KEYS`) and
-`heatmaps` (colour map, heat-map tiles, PNG through `events`) import only
+`heatmaps` (colour map, heat-map tiles) import only
 the core; `drawing` (labelled maps drawn with matplotlib, their argument
 checks; `keras_attention.viz` builds on it) uses `heatmaps`' colour map;
 `probe` builds on `statistics` and on one private `_gradients_<backend>`
@@ -34,7 +34,6 @@ recorded attention, not only inside the probe.
 from keras_attention.diagnostics.heatmaps import COLORMAP
 from keras_attention.diagnostics.heatmaps import attention_heatmaps
 from keras_attention.diagnostics.heatmaps import colorize
-from keras_attention.diagnostics.heatmaps import encode_png
 from keras_attention.diagnostics.probe import default_loss
 from keras_attention.diagnostics.probe import diagnostics_probe
 from keras_attention.diagnostics.probe import probe_diagnostics
@@ -48,6 +47,8 @@ from keras_attention.diagnostics.statistics import saturated_fraction
 from keras_attention.diagnostics.statistics import score_std
 from keras_attention.diagnostics.summaries import MAX_HEATMAP_SIDE
 from keras_attention.diagnostics.summaries import write_diagnostics
+# The event writer's PNG encoder, as the Images tab's heat maps use it.
+from keras_attention.events import encode_png
 
 __all__ = [
     "COLORMAP",

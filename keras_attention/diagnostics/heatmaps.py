@@ -1,7 +1,5 @@
-"""Attention weights as images: colour mapping, heat-map tiles, PNG bytes.
-
-`encode_png` is the event writer's own (`keras_attention.events`), so the
-heat maps and the Images tab encode alike.
+"""Attention weights as images: colour mapping and heat-map tiles (their
+PNG bytes come from the event writer's `keras_attention.events.encode_png`).
 """
 
 import math
@@ -9,7 +7,6 @@ import math
 import matplotlib
 import numpy as np
 
-from keras_attention.events import encode_png  # noqa: F401  (re-exported)
 from keras_attention.validation import check_int
 
 # Matplotlib's perceptually uniform map (dark purple -> blue -> teal ->

@@ -3,6 +3,7 @@
 import numpy as np
 
 from keras_attention.validation import check_int
+from keras_attention.validation import check_writer
 
 from keras_attention.diagnostics.drawing import LabelledHeatmaps
 from keras_attention.diagnostics.drawing import axis_labels
@@ -92,11 +93,7 @@ def write_diagnostics(diagnostics, step, writer, max_images=3,
             f"`diagnostics` must be the dict returned by probe_diagnostics; "
             f"missing keys {sorted(missing)}."
         )
-    if not callable(getattr(writer, "scalar", None)):
-        raise ValueError(
-            f"`writer` must be a keras_attention.events.SummaryWriter; "
-            f"received {type(writer).__name__}."
-        )
+    check_writer(writer)
     step = int(step)
     labels = (query_labels, key_labels)
     if max_images > 0:

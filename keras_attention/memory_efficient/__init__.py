@@ -106,7 +106,7 @@ def memory_efficient_attention(
 
     backend = keras.backend.backend()
     if backend not in _BACKENDS:
-        raise NotImplementedError(
+        raise ValueError(
             "memory_efficient_attention supports the "
             f"{', '.join(repr(name) for name in _BACKENDS)} backends. "
             f"Received: backend={backend!r}"

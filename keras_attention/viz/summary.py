@@ -23,6 +23,7 @@ from tensorboard.compat.proto import summary_pb2
 from keras_attention.diagnostics import layer_statistics
 from keras_attention.diagnostics import score_std
 from keras_attention.validation import check_choice
+from keras_attention.validation import check_writer
 
 PLUGIN_NAME = "attention"
 FORMAT_VERSION = 1
@@ -184,11 +185,7 @@ def write_attention_summary(layer, record, step, query_labels,
         target_cells=task.target_cells(tokens[:4]), writer=writer)
     ```
     """
-    if not callable(getattr(writer, "tensor", None)):
-        raise ValueError(
-            f"`writer` must be a keras_attention.events.SummaryWriter; "
-            f"received {type(writer).__name__}."
-        )
+    check_writer(writer)
     meta, data = attention_summary(record, query_labels, key_labels,
                                    target_cells, dtype)
     writer.tensor(summary_tag(layer), [json.dumps(meta).encode(), data],
