@@ -28,6 +28,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _save_hooks import after_save  # noqa: E402  (beside this file)
+
 
 def kill_in_save(save_number):
     """Makes save number `save_number` end in SIGKILL after its staging
@@ -52,19 +54,12 @@ def kill_in_save(save_number):
 def wait_after_save(save_number):
     """Makes the process wait for a line on stdin after save number
     `save_number` is complete."""
-    from pipelines.checkpoints import Checkpoints
 
-    save = Checkpoints.save
-    count = []
+    def wait(step):
+        print(f"saved {step}", flush=True)
+        sys.stdin.readline()
 
-    def waiting_save(self, step, writers):
-        save(self, step, writers)
-        count.append(step)
-        if len(count) == save_number:
-            print(f"saved {step}", flush=True)
-            sys.stdin.readline()
-
-    Checkpoints.save = waiting_save
+    after_save(save_number, wait)
 
 
 if __name__ == "__main__":

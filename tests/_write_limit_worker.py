@@ -29,6 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _save_hooks import after_save  # noqa: E402  (beside this file)
+
 
 def _limit(limit):
     """Limits file sizes to `limit` bytes; returns the previous limits."""
@@ -61,20 +63,9 @@ def limit_checkpoint_writes(limit, from_save):
 
 
 def limit_writes_after(limit, save_number):
-    """Wraps `Checkpoints.save`: once save number `save_number` is done,
-    files are limited to `limit` bytes for the rest of the run."""
-    from pipelines.checkpoints import Checkpoints
-
-    save = Checkpoints.save
-    count = []
-
-    def save_then_limit(self, step, writers):
-        save(self, step, writers)
-        count.append(step)
-        if len(count) == save_number:
-            _limit(limit)
-
-    Checkpoints.save = save_then_limit
+    """Once save number `save_number` is done, files are limited to `limit`
+    bytes for the rest of the run."""
+    after_save(save_number, lambda step: _limit(limit))
 
 
 if __name__ == "__main__":

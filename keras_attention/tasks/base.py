@@ -244,10 +244,13 @@ class SequenceTask(abc.ABC):
 
     def _fresh_batches(self, seed, step, batch_size, rows):
         # The whole global batch is drawn and sliced, so a shard's rows do
-        # not depend on the number of shards.
+        # not depend on the number of shards. `batches` checked the
+        # arguments once: each step draws without checking them again.
         rows = slice(rows.start, rows.stop)
         while True:
-            batch = self.batch(seed, step, batch_size)
+            batch = self._generate(
+                _streams.generator(seed, _streams.TRAIN_TAG, step), batch_size
+            )
             yield tuple(array[rows] for array in batch)
             step += 1
 
