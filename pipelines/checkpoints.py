@@ -99,8 +99,14 @@ def _variables(model, optimizer):
     return groups
 
 
-def _restore(values, groups, path):
-    """Assigns a checkpoint's `values` to the variables of `groups`."""
+def _matching_values(values, groups, path):
+    """The stored arrays for the variables of `groups`, in their order.
+
+    Raises:
+        ValueError, KeyError: when the checkpoint does not hold exactly
+            these variables with these shapes.
+    """
+    matched = []
     for group, variables in groups.items():
         stored = json.loads(str(values[f"{group}/paths"]))
         if len(stored) != len(variables):
@@ -115,7 +121,8 @@ def _restore(values, groups, path):
                     f"{stored[index]} has shape {value.shape} in {path}, "
                     f"{tuple(variable.shape)} in the run"
                 )
-            variable.assign(value)
+            matched.append((variable, value))
+    return matched
 
 
 def load_newest(directory, model, optimizer=None, then="resuming from"):
@@ -135,22 +142,27 @@ def load_newest(directory, model, optimizer=None, then="resuming from"):
         DamagedCheckpoints: when checkpoints exist and none reads whole.
     """
     damaged = []
-    for step in reversed(checkpoint_steps(directory)):
-        path = checkpoint_path(directory, step)
+    for number in reversed(checkpoint_steps(directory)):
+        path = checkpoint_path(directory, number)
         try:
+            # Everything is read and checked before any variable changes.
             values = read_checkpoint(path)
+            matched = _matching_values(values, _variables(model, optimizer),
+                                       path)
+            step = int(values["step"])
         except (OSError, ValueError, KeyError, EOFError,
                 zipfile.BadZipFile) as error:
             damaged.append((path, one_line(error)))
             continue
-        _restore(values, _variables(model, optimizer), path)
+        for variable, value in matched:
+            variable.assign(value)
         if damaged:
             file, reason = damaged[0]
             others = (f" (and {len(damaged) - 1} newer checkpoint(s))"
                       if len(damaged) > 1 else "")
             warn(f"checkpoint file {file} is corrupt ({reason}){others}; "
                  f"{then} {os.path.basename(path)}, step {step}")
-        return int(values["step"])
+        return step
     if damaged:
         raise DamagedCheckpoints(directory, *damaged[0])
     return None

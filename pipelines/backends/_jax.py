@@ -167,6 +167,7 @@ class Steps:
         self._state, loss, accuracy = self._train_step(
             self._state, *self._put(batch)
         )
+        self._synced = False
         return loss, accuracy
 
     def eval_sums(self, batch):
@@ -175,7 +176,11 @@ class Steps:
                           np.float64)
 
     def sync(self):
-        """Writes the stepped state into the Keras variables."""
+        """Writes the stepped state into the Keras variables (once per
+        state: a step that both checkpoints and probes copies once)."""
+        if self._synced:
+            return
+        self._synced = True
         trainable, non_trainable, optimizer_values = self._state
         for variables, values in (
             (self.model.trainable_variables, trainable),
@@ -190,3 +195,5 @@ class Steps:
     def reload(self):
         """Takes the Keras variables' values as the state."""
         self._state = _state(self.model, self.optimizer)
+        # The variables hold it, but the next step donates its buffers.
+        self._synced = False

@@ -80,14 +80,15 @@ def _tpu_strategy(resolver):
 
 
 def _accelerator(strategy):
-    if isinstance(strategy, tf.distribute.TPUStrategy):
+    kind = _strategy_name(strategy)
+    if kind == "tpu":
         return "tpu"
-    try:
-        devices = strategy.extended.worker_devices
-    except (RuntimeError, NotImplementedError):
-        # The default strategy has no device list; it places ops on the
-        # first GPU when there is one.
-        devices = [device.name for device in tf.config.list_logical_devices()]
+    # The default strategy has no device list; it places ops on the first
+    # GPU when there is one.
+    devices = (
+        [device.name for device in tf.config.list_logical_devices()]
+        if kind == "default" else strategy.extended.worker_devices
+    )
     return "gpu" if any("GPU" in d.upper() for d in devices) else "cpu"
 
 

@@ -84,7 +84,8 @@ class CompiledRuns:
                                    self._optimizer_start):
             variable.assign(value)
         self._learning_rate.assign(float(config.learning_rate))
-        parts.steps.reload()
+        # The backend's steps take these values in `train`, after the
+        # checkpoint restore (`Steps.reload`).
         self.reuses += 1
         return parts
 
