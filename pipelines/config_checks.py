@@ -13,6 +13,7 @@ pipeline-only choice tuples come in as the `choices` argument.
 
 import math
 import numbers
+import os
 
 from keras_attention.models import QK_INIT_MODES
 from keras_attention.ops import SCALE_MODES
@@ -36,6 +37,26 @@ _OPTIONAL_POSITIVE_INTS = (
     "num_values", "train_size", "value_dim",
 )
 _BOOLS = ("qk_norm", "causal", "deterministic")
+
+# Integer settings are counts and sizes of one run: past 2**31 - 1 none is
+# usable (`--steps 10**20` was accepted and trained forever).
+INT_LIMIT = 2**31 - 1
+# The seed also seeds numpy's global generator (through Keras), which takes
+# [0, 2**32): `--seed 2**32` ended in numpy's ValueError.
+SEED_LIMIT = 2**32 - 1
+# Real settings reach the float32 computation (and its event files): a
+# finite float64 past float32's largest value, `--learning-rate 1e308`,
+# ended in an overflow when it was logged.
+REAL_LIMIT = float(3.4028234663852886e38)
+# Files that say a directory is something other than a run, which `train`
+# must not write into (`pipelines.compare.COMPARISON_JSON`,
+# `pipelines.sweep.SWEEP_JSON`, and a SavedModel's graph; test_config
+# checks the names agree).
+NOT_A_RUN = {
+    "comparison.json": "a comparison's root",
+    "sweep.json": "a sweep's root",
+    "saved_model.pb": "an exported SavedModel",
+}
 
 
 def flag(name):
@@ -81,16 +102,17 @@ def parse_init_std(text):
 
 
 # ------------------------------------------------------------------- checks
-def check_int(config, name, minimum, allow_none=False):
-    """Raises `UsageError` unless the setting is an integer >= `minimum`."""
+def check_int(config, name, minimum, allow_none=False, maximum=INT_LIMIT):
+    """Raises `UsageError` unless the setting is an integer in
+    `[minimum, maximum]`."""
     value = getattr(config, name)
     if value is None and allow_none:
         return
-    if not is_int(value) or value < minimum:
-        expected = "a positive integer" if minimum == 1 else (
-            f"an integer >= {minimum}"
+    if not is_int(value) or not minimum <= value <= maximum:
+        raise UsageError(
+            f"{flag(name)} must be an integer in [{minimum}, {maximum}]; "
+            f"got {value!r}"
         )
-        raise UsageError(f"{flag(name)} must be {expected}; got {value!r}")
 
 
 def check_choice(config, name, choices):
@@ -102,10 +124,11 @@ def check_choice(config, name, choices):
         )
 
 
-def check_real(config, name, low=None, high=None, low_open=False,
+def check_real(config, name, low=-REAL_LIMIT, high=REAL_LIMIT, low_open=False,
                high_open=False):
     """Raises `UsageError` unless the setting is a finite number in the
-    interval (`low_open`/`high_open` exclude the bound)."""
+    interval (`low_open`/`high_open` exclude the bound; the bounds default
+    to float32's range)."""
     value = getattr(config, name)
     ok = (
         isinstance(value, numbers.Real)
@@ -118,10 +141,7 @@ def check_real(config, name, low=None, high=None, low_open=False,
         ok = value < high if high_open else value <= high
     if not ok:
         interval = (
-            ("(" if low_open else "[")
-            + ("-inf" if low is None else f"{low:g}")
-            + ", "
-            + ("inf" if high is None else f"{high:g}")
+            ("(" if low_open else "[") + f"{low:g}, {high:g}"
             + (")" if high_open else "]")
         )
         raise UsageError(
@@ -187,8 +207,9 @@ def check_settings(config, choices, task_options):
     for name in _OPTIONAL_POSITIVE_INTS:
         check_int(config, name, minimum=1, allow_none=True)
     check_int(config, "ff_dim", minimum=0, allow_none=True)
-    for name in ("warmup_steps", "seed", "verbose"):
+    for name in ("warmup_steps", "verbose"):
         check_int(config, name, minimum=0)
+    check_int(config, "seed", minimum=0, maximum=SEED_LIMIT)
     for name, allowed in choices.items():
         check_choice(config, name, allowed)
     for name in _BOOLS:
@@ -234,10 +255,26 @@ def _check_outputs(config):
     if not isinstance(config.logdir, str) or not config.logdir:
         raise UsageError(f"--logdir must be a directory; got {config.logdir!r}")
     check_writable_directory(config.logdir, "--logdir")
+    for marker, what in NOT_A_RUN.items():
+        if os.path.exists(os.path.join(config.logdir, marker)):
+            raise UsageError(
+                f"--logdir {config.logdir} is {what} ({marker}); train into "
+                "a directory of its own"
+            )
     if config.export is not None and (
         not isinstance(config.export, str) or not config.export
     ):
         raise UsageError(f"--export must be a path; got {config.export!r}")
+    if config.export is not None:
+        run_dir = os.path.abspath(config.logdir)
+        export = os.path.abspath(config.export)
+        if os.path.commonpath([run_dir, export]) == run_dir:
+            # Checked now: the export would otherwise fail (or replace the
+            # run's own files) only once training is done.
+            raise UsageError(
+                f"--export {config.export} is inside the run directory "
+                f"--logdir {config.logdir}; export to a path outside it"
+            )
     if config.arm is not None and not isinstance(config.arm, str):
         raise UsageError(f"--arm must be a string; got {config.arm!r}")
 

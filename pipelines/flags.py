@@ -228,7 +228,7 @@ def settings_from_args(args):
     """
     layers = []
     path = getattr(args, "config", None)
-    if path:
+    if path is not None:  # `--config ''` is a file that cannot be read.
         layers.append(Layer(f"--config {path}", load_config_file(path)))
     given = {
         name: getattr(args, name)

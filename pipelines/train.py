@@ -76,7 +76,7 @@ def run(args):
     """Runs `keras-attention train` for parsed `args`; returns the exit
     status."""
     config = config_from_args(args)
-    # A finished run is left untouched: said, and exported when asked.
+    config.validate()  # Bad flags are refused even on a finished run.
     complete = completed_metrics(config)
     if complete is not None:
         done = "nothing to do"

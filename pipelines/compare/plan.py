@@ -20,6 +20,7 @@ from pipelines.compare.arms import SCHEDULE_FIELDS
 from pipelines.config import Layer
 from pipelines.config import TrainConfig
 from pipelines.config import resolve_config
+from pipelines.config_checks import SEED_LIMIT
 from pipelines.flags import settings_from_args
 
 DEFAULT_LOGDIR = os.path.join("runs", "compare")
@@ -118,6 +119,11 @@ def parse_arms(text):
     return arms
 
 
+# A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
+# in a MemoryError building the list).
+MAX_SEEDS = 1000
+
+
 def parse_seeds(text):
     """`"3"` -> `[0, 1, 2]`; `"0,5,7"` -> `[0, 5, 7]`."""
     text = str(text).strip()
@@ -126,20 +132,21 @@ def parse_seeds(text):
             seeds = [int(part) for part in text.split(",") if part.strip()]
         except ValueError:
             seeds = None
-        if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        if (not seeds or min(seeds) < 0 or max(seeds) > SEED_LIMIT
+                or len(set(seeds)) != len(seeds)):
             raise UsageError(
-                f"--seeds must be a count or a list of distinct non-negative "
-                f"integers; got {text!r}"
+                f"--seeds must be a count or a list of distinct integers in "
+                f"[0, {SEED_LIMIT}]; got {text!r}"
             )
         return seeds
     try:
         count = int(text)
     except ValueError:
         count = 0
-    if count < 1:
+    if not 1 <= count <= MAX_SEEDS:
         raise UsageError(
-            f"--seeds must be a positive count or a comma-separated list of "
-            f"seeds; got {text!r}"
+            f"--seeds must be a count in [1, {MAX_SEEDS}] or a "
+            f"comma-separated list of seeds; got {text!r}"
         )
     return list(range(count))
 

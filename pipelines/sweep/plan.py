@@ -128,7 +128,11 @@ class SweepRun:
 
 def run_name(arm, optimizer, learning_rate, key_dim, seed):
     """`<arm>-<optimizer>-lr<lr>-dk<key_dim>-seed<seed>`."""
-    return f"{arm}-{optimizer}-lr{learning_rate:g}-dk{key_dim}-seed{seed}"
+    # repr, not :g: the shortest text that reads back as the same float, so
+    # 0.1 and 0.1000001 (both "0.1" under :g, the second run landing in the
+    # first one's folder) get a folder each; the usual rates read alike.
+    rate = repr(float(learning_rate))
+    return f"{arm}-{optimizer}-lr{rate}-dk{key_dim}-seed{seed}"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,161 @@
+"""Bad input on the command line (issue 23): exit 2, one line on stderr
+naming the setting, and nothing written, before any work starts.
+
+A property test draws bad values for every declared setting (out of range,
+of the wrong type, finite numbers a float32 run cannot hold) through a
+`--config` file, which reaches the checks without argparse's conversions;
+the cases the issue reported have a test each.
+"""
+
+import json
+import os
+import pathlib
+import tempfile
+import typing
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from pipelines.backends import BACKENDS
+from pipelines.cli import main
+from pipelines.compare import COMPARISON_JSON
+from pipelines.config import CHOICES
+from pipelines.config import SETTINGS
+from pipelines.config import TrainConfig
+from pipelines.config_checks import NOT_A_RUN
+from pipelines.sweep import SWEEP_JSON
+from pipelines.sweep.plan import run_name
+
+_HINTS = typing.get_type_hints(TrainConfig)
+# Free text, checked only for being text: no value of the right type is bad.
+_FREE = {"logdir", "export", "arm", "scale", "qk_init_std"}
+_TOO_BIG_FOR_FLOAT32 = st.floats(min_value=3.5e38, max_value=1e308)
+_NOT_A_NUMBER = st.one_of(st.text(max_size=5), st.lists(st.integers(),
+                                                        max_size=2))
+
+
+def _bad_values(name):
+    """A strategy of values that setting `name` must refuse."""
+    hint = _HINTS[name]
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+    kind = (kinds or [hint])[0]
+    if name in CHOICES or name == "task":
+        allowed = CHOICES.get(name, ("recall", "reverse", "sort", "copy"))
+        return st.one_of(st.text(max_size=8).filter(
+            lambda text: text not in allowed), st.integers())
+    if kind is bool:
+        return st.one_of(st.integers(), st.text(max_size=5))
+    if kind is int:
+        return st.one_of(
+            st.integers(max_value=-1), st.integers(min_value=2**32),
+            st.floats(allow_nan=False).filter(lambda x: x != int(x)
+                                              if abs(x) < 1e300 else True),
+            _NOT_A_NUMBER, st.booleans(),
+        )
+    return st.one_of(_TOO_BIG_FOR_FLOAT32, st.just(float("inf")),
+                     st.just(float("nan")), _NOT_A_NUMBER, st.booleans())
+
+
+_CHECKED = [name for name in SETTINGS if name not in _FREE]
+
+
+def _tree(path):
+    return sorted(
+        os.path.relpath(os.path.join(root, name), path)
+        for root, dirs, names in os.walk(path) for name in dirs + names
+    )
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_setting_refuses_bad_values_in_one_line(data, tmp_path,
+                                                      capsys):
+    name = data.draw(st.sampled_from(_CHECKED), label="setting")
+    value = data.draw(_bad_values(name), label="value")
+    # A folder per example: hypothesis runs them all in one test call.
+    tmp_path = pathlib.Path(tempfile.mkdtemp(dir=tmp_path))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({name: value}))
+    logdir = tmp_path / "run"
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    # No other flag: a flag would override the file's bad value.
+    assert main(["train", "--config", str(config), "--logdir",
+                 str(logdir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "--" + name.replace("_", "-") in err[0], err[0]
+    assert _tree(tmp_path) == before
+
+
+def _refused(argv, capsys, where):
+    before = _tree(where)
+    capsys.readouterr()
+    status = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, (status, err)
+    assert _tree(where) == before
+    return err[0]
+
+
+@pytest.mark.parametrize("flag, value, named", [
+    ("--seed", "4294967296", "--seed"),              # numpy's seed range
+    ("--steps", str(10**20), "--steps"),            # trained forever
+    ("--learning-rate", "1e308", "--learning-rate"),  # overflowed when logged
+])
+def test_numbers_a_run_cannot_use_are_refused(tmp_path, capsys, flag, value,
+                                              named):
+    line = _refused(["train", flag, value, "--logdir", str(tmp_path / "r")],
+                    capsys, tmp_path)
+    assert named in line
+
+
+def test_config_files_that_cannot_be_read_are_one_line(tmp_path, capsys):
+    not_utf8 = tmp_path / "latin1.json"
+    not_utf8.write_bytes('{"task": "r\xe9verse"}'.encode("latin-1"))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    for path, words in ((not_utf8, "not UTF-8"), (deep, "nested too deeply"),
+                        ("", "cannot read")):
+        line = _refused(["train", "--config", str(path), "--logdir",
+                         str(tmp_path / "r")], capsys, tmp_path)
+        assert f"--config {path}: {words}" in line, line
+
+
+def test_export_into_the_run_and_runs_into_other_folders_are_refused(
+        tmp_path, capsys):
+    run = tmp_path / "run"
+    for export in (run, run / "model.keras"):
+        line = _refused(["train", "--logdir", str(run), "--export",
+                         str(export)], capsys, tmp_path)
+        assert line == (
+            f"keras-attention train: error: --export {export} is inside the "
+            f"run directory --logdir {run}; export to a path outside it")
+    assert NOT_A_RUN.keys() >= {COMPARISON_JSON, SWEEP_JSON}
+    for marker in NOT_A_RUN:
+        folder = tmp_path / marker.replace(".", "_")
+        folder.mkdir()
+        (folder / marker).write_text("{}")
+        line = _refused(["train", "--logdir", str(folder)], capsys, tmp_path)
+        assert f"--logdir {folder} is {NOT_A_RUN[marker]}" in line
+
+
+def test_grids_too_large_or_with_clashing_names_are_refused(tmp_path,
+                                                            capsys):
+    line = _refused(["compare", "--seeds", str(10**12), "--logdir",
+                     str(tmp_path / "c")], capsys, tmp_path)
+    assert "--seeds must be a count in [1, 1000]" in line
+    # Two rates that :g printed alike got one folder; repr tells them apart.
+    assert (run_name("scaled", "sgd", 0.1, 64, 0)
+            != run_name("scaled", "sgd", 0.1000001, 64, 0))
+    assert run_name("scaled", "sgd", 3e-4, 64, 0) == (
+        "scaled-sgd-lr0.0003-dk64-seed0")
+
+
+def test_backends_are_the_command_lines_choices(capsys):
+    line = _refused(["train", "--backend", "numpy"], capsys, os.getcwd())
+    assert f"--backend must be one of {', '.join(BACKENDS)}" in line
