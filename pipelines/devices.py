@@ -1,13 +1,23 @@
 """Devices: the backend's distribution, the dtype policy and XLA of a run.
 
+`check_memory` refuses a run whose attention maps cannot fit.
 `open_run_devices(config)` asks the running backend's module
 (`pipelines.backends`) for the run's `Devices`, resolves `"auto"` precision
 and `jit_compile` for the accelerator found, checks that the global batch
 splits over the replicas, and returns the config with what it resolved.
 """
 
+import os
+
+from keras_attention.layer import MEMORY_EFFICIENT_THRESHOLD
 from pipelines.backends import backend_module
 from pipelines.common import UsageError
+
+# Score-sized float32 tensors a layer keeps per (example, head) while it
+# trains on a materialised path: the scores, the weights, and their two
+# gradients. `train --task reverse --seq-len 100000` grew past 6.7 GB and
+# failed deep in a step; this estimate says 2,384 GiB (the probe's maps).
+_MAPS_PER_LAYER = 4
 
 
 def resolve_precision(precision, devices):
@@ -70,3 +80,40 @@ def open_run_devices(config):
         jit_compile="on" if resolve_jit(config.jit_compile, devices) else "off",
     )
     return config, devices
+
+
+def attention_bytes(config, seq_len):
+    """An estimate of the attention maps' memory, in bytes, for a run of
+    `config` on sequences of `seq_len`: the training batch's (unless its
+    path is chunked: `memory_efficient`, or `auto` past the layer's
+    threshold) or the diagnostics probe's, which always materialises its
+    weights, whichever is larger."""
+    one_map = 4 * config.num_heads * seq_len * seq_len * (
+        _MAPS_PER_LAYER * config.num_layers)
+    chunked = config.implementation == "memory_efficient" or (
+        config.implementation == "auto"
+        and seq_len * seq_len >= MEMORY_EFFICIENT_THRESHOLD)
+    train = 0 if chunked else config.batch_size * one_map
+    return max(train, config.probe_size * one_map)
+
+
+def check_memory(config, seq_len, memory=None):
+    """Refuses, before the first step, a run whose attention maps cannot
+    fit in `memory` bytes (default: this machine's physical memory).
+
+    Raises:
+        UsageError: with the estimate, the limit and what to change.
+    """
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    needed = attention_bytes(config, seq_len)
+    if needed > memory:
+        raise UsageError(
+            f"the attention maps of sequences of {seq_len} need about "
+            f"{needed / 2**30:,.1f} GiB (--batch-size {config.batch_size}, "
+            f"--probe-size {config.probe_size}, {config.num_heads} head(s), "
+            f"{config.num_layers} layer(s)), more than this machine's "
+            f"{memory / 2**30:,.1f} GiB; shorten the sequences, lower "
+            "--batch-size and --probe-size, or use --implementation "
+            "memory_efficient"
+        )

@@ -5,12 +5,10 @@
 A run writes under `--logdir DIR` (see `pipelines.run_dir`):
 
     DIR/config.json        the resolved config (flags, file and task defaults)
-    DIR/checkpoints/       Keras state (weights, optimizer, random generators)
-                           every --checkpoint-every steps; a rerun resumes
+    DIR/checkpoints/       Keras state; a rerun resumes from the newest
     DIR/model.keras        the trained model
-    DIR/metrics.json       held-out loss/accuracy, steps, wall time,
-                           examples/s, steps to the target accuracy, the
-                           diagnostics at step 0 and at the end
+    DIR/metrics.json       held-out loss/accuracy, steps, wall time, examples/s,
+                           steps to target, diagnostics at step 0 and end
     DIR/events.*           config (text), HParams, steps_to_target
     DIR/train/events.*     loss, accuracy, learning_rate, steps/s, examples/s
     DIR/eval/events.*      held-out loss and accuracy, and the attention
@@ -44,6 +42,7 @@ from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.checkpoints import Checkpoints
 from pipelines.common import write_json_atomic
+from pipelines.devices import check_memory
 from pipelines.devices import open_run_devices
 from pipelines.export import check_out_path
 from pipelines.export import export_run
@@ -148,6 +147,7 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
     # -------- settings: everything is checked before anything is written.
     config.validate()
     config, devices = open_run_devices(config)
+    check_memory(config, build_task(config).seq_len)
     check_resumable(config)
     finished = completed_metrics(config)  # Rerun: no byte of it changes.
     if finished is not None:

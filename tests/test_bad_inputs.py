@@ -25,7 +25,10 @@ from pipelines.compare import COMPARISON_JSON
 from pipelines.config import CHOICES
 from pipelines.config import SETTINGS
 from pipelines.config import TrainConfig
+from pipelines.common import UsageError
 from pipelines.config_checks import NOT_A_RUN
+from pipelines.devices import attention_bytes
+from pipelines.devices import check_memory
 from pipelines.sweep import SWEEP_JSON
 from pipelines.sweep.plan import run_name
 
@@ -51,8 +54,7 @@ def _bad_values(name):
     if kind is int:
         return st.one_of(
             st.integers(max_value=-1), st.integers(min_value=2**32),
-            st.floats(allow_nan=False).filter(lambda x: x != int(x)
-                                              if abs(x) < 1e300 else True),
+            st.sampled_from([0.5, -2.5, 1e-3, 3.7, float("inf")]),
             _NOT_A_NUMBER, st.booleans(),
         )
     return st.one_of(_TOO_BIG_FOR_FLOAT32, st.just(float("inf")),
@@ -159,3 +161,23 @@ def test_grids_too_large_or_with_clashing_names_are_refused(tmp_path,
 def test_backends_are_the_command_lines_choices(capsys):
     line = _refused(["train", "--backend", "numpy"], capsys, os.getcwd())
     assert f"--backend must be one of {', '.join(BACKENDS)}" in line
+
+
+def test_attention_that_cannot_fit_is_refused_before_the_first_step(
+        tmp_path, capsys, tiny_config):
+    # By hand: the probe's 16 maps of one head at T = 100000, float32, four
+    # score-sized tensors a layer (scores, weights, their gradients).
+    config = tiny_config(probe_size=16, num_heads=1, num_layers=1,
+                         batch_size=64, implementation="auto")
+    assert attention_bytes(config, 100_000) == 16 * 1 * 100_000**2 * 4 * 4
+    # Below the layer's chunking threshold the training batch's maps count.
+    assert attention_bytes(config, 1000) == 64 * 1000**2 * 4 * 4
+    assert attention_bytes(config.replace(implementation="memory_efficient"),
+                           1000) == 16 * 1000**2 * 4 * 4
+    with pytest.raises(UsageError, match="memory_efficient"):
+        check_memory(config, 1000, memory=64 * 1000**2 * 16 - 1)
+    check_memory(config, 1000, memory=64 * 1000**2 * 16)
+    line = _refused(["train", "--task", "reverse", "--seq-len", "100000",
+                     "--logdir", str(tmp_path / "r")], capsys, tmp_path)
+    assert "sequences of 100000 need about 2,384.2 GiB" in line
+    assert "--implementation memory_efficient" in line
