@@ -19,6 +19,7 @@ line with the last step that is safely checkpointed.
 import contextlib
 import json
 import os
+import zipfile
 from typing import NamedTuple
 
 import keras
@@ -208,6 +209,21 @@ def writing_run(logdir, chief):
             raise EnvironmentFailure(f"{failure}; {where}") from None
 
 
+def _check_whole_zip(path):
+    """`UsageError` unless `path` is a whole zip archive (a `.keras` file):
+    Keras reports a truncated one as "File not found"."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # Reads every member, checks CRCs.
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        damaged = one_line(error)
+    if damaged is not None:
+        raise UsageError(
+            f"cannot restore the run's model: {path} is damaged ({damaged}); "
+            "it is not a whole .keras file"
+        )
+
+
 def restore_model(run_dir):
     """The trained model of a run directory.
 
@@ -226,6 +242,7 @@ def restore_model(run_dir):
     """
     model_path = os.path.join(run_dir, MODEL_FILE)
     if os.path.exists(model_path):
+        _check_whole_zip(model_path)
         return keras.saving.load_model(model_path)
     config_path = os.path.join(run_dir, CONFIG_FILE)
     directory = os.path.join(run_dir, CHECKPOINT_DIR)

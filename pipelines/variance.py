@@ -15,6 +15,7 @@ of a variance estimated from that many samples.
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -184,6 +185,18 @@ def add_arguments(parser):
     return parser
 
 
+def _check_output(path):
+    """`UsageError` unless `path` names a file that can be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path} is a directory; give a file path")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--output {path}: its folder {folder} does not exist or is not "
+            "writable"
+        )
+
+
 def run(args):
     """Runs `keras-attention variance`; prints the table."""
     key_dims = parse_int_list(args.key_dims, "--key-dims")
@@ -199,6 +212,8 @@ def run(args):
         raise UsageError(f"--samples must be at least 2; got {samples}")
     if seed < 0:
         raise UsageError(f"--seed must be non-negative; got {seed}")
+    if args.output:
+        _check_output(args.output)  # Now, not after the computation.
     rows = variance_table(key_dims, samples, seed)
     print(
         "Var(q·k) for q, k with independent N(0, 1) components "

@@ -181,3 +181,17 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
                      "--logdir", str(tmp_path / "r")], capsys, tmp_path)
     assert "sequences of 100000 need about 2,384.2 GiB" in line
     assert "--implementation memory_efficient" in line
+
+
+def test_variance_output_is_checked_before_the_computation(tmp_path, capsys):
+    for path, words in ((tmp_path, "is a directory"),
+                        (tmp_path / "missing" / "rows.json",
+                         "does not exist or is not writable")):
+        capsys.readouterr()
+        assert main(["variance", "--key-dims", "4", "--samples", "2",
+                     "--output", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert f"--output {path}" in err and words in err
+        # The table is printed after the draws: none were made.
+        assert out == ""
+    assert os.listdir(tmp_path) == []

@@ -248,10 +248,15 @@ def test_run_directory_with_another_config_is_refused(comparison, capsys):
     logdir, _, _ = comparison
     flags = list(TINY_FLAGS)
     flags[flags.index("--d-model") + 1] = "32"
+    lock = os.path.join(logdir, ".lock")
+    with open(lock, "w") as handle:
+        handle.write("12345\n")  # The pid of the comparison that wrote it.
     status, _, err = _run_cli(["compare", *flags, "--logdir", logdir],
                               capsys)
     assert status == 2
     assert "different config" in err and "d_model" in err
+    # Refused before the lock was taken: the pid in it is not rewritten.
+    assert open(lock).read() == "12345\n"
 
 
 @pytest.mark.parametrize(

@@ -510,7 +510,9 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
     empty.mkdir()
     corrupt_model = tmp_path / "corrupt_model"
     shutil.copytree(run_dir["logdir"], corrupt_model)
-    (corrupt_model / "model.keras").write_bytes(b"\x00garbage")
+    # Cut short, as a crash leaves it (Keras says "File not found").
+    whole = (corrupt_model / "model.keras").read_bytes()
+    (corrupt_model / "model.keras").write_bytes(whole[: len(whole) // 2])
     corrupt_config = tmp_path / "corrupt_config"
     shutil.copytree(run_dir["logdir"], corrupt_config)
     os.remove(corrupt_config / "model.keras")
@@ -529,7 +531,8 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
         (["--logdir", str(tmp_path / "missing"), "--out", out],
          "not a directory"),
         (["--logdir", str(empty), "--out", out], "holds no trained run"),
-        (["--logdir", str(corrupt_model), "--out", out], "cannot restore"),
+        (["--logdir", str(corrupt_model), "--out", out],
+         "model.keras is damaged (File is not a zip file)"),
         (["--logdir", str(corrupt_config), "--out", out], "cannot restore"),
         (["--logdir", str(corrupt_checkpoint), "--out", out], "cannot restore"),
         (["--logdir", good, "--out", out, "--format", "onnx"], "--format"),

@@ -82,6 +82,7 @@ from pipelines.compare.plan import plan_from_args
 from pipelines.compare.report import build_comparison
 from pipelines.compare.report import key_dim_table
 from pipelines.compare.report import render_report
+from pipelines.compare.runner import check_run_directory
 from pipelines.compare.runner import train_one
 from pipelines.compare.runner import train_runs
 from pipelines.compare.series import collect_curves
@@ -121,6 +122,11 @@ def compare(plan, log=print):
         RunDirectoryBusy: when another process holds `plan.logdir`.
         EnvironmentFailure: when a write is refused.
     """
+    # Refused before the lock is taken: a refused rerun leaves `.lock` (and
+    # the pid in it) as it was.
+    for spec in plan.runs():
+        if spec.trained:
+            check_run_directory(spec)
     with owning_logdir(plan.logdir):
         return _compare(plan, log)
 

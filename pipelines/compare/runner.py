@@ -140,9 +140,8 @@ def train_runs(plan, log=print):
     Returns:
         The names of the runs trained now (runs found complete are skipped).
     """
+    # Each run directory was checked before the logdir's lock was taken.
     specs = [spec for spec in plan.runs() if spec.trained]
-    for spec in specs:
-        check_run_directory(spec)
     todo = [spec for spec in specs if not is_complete(spec)]
     skipped = len(specs) - len(todo)
     if skipped:

@@ -38,6 +38,7 @@ from pipelines.common import write_bytes_atomic
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
 from pipelines.compare.arms import ARMS
+from pipelines.compare.runner import check_run_directory
 from pipelines.flags import add_train_arguments
 from pipelines.locks import owning_logdir
 from pipelines.sweep import figures
@@ -76,6 +77,10 @@ def sweep(plan, log=print):
         RunDirectoryBusy: when another process holds `plan.logdir`.
         EnvironmentFailure: when a write is refused.
     """
+    # Refused before the lock is taken: a refused rerun leaves `.lock` (and
+    # the pid in it) as it was.
+    for run in plan.runs():
+        check_run_directory(run)
     with owning_logdir(plan.logdir):
         return _sweep(plan, log)
 

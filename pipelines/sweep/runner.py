@@ -19,7 +19,6 @@ import time
 import keras
 
 from pipelines.common import write_json_atomic
-from pipelines.compare.runner import check_run_directory
 from pipelines.compare.runner import is_complete
 from pipelines.config import TrainConfig
 from pipelines.run_dir import read_metrics
@@ -136,9 +135,7 @@ def train_runs(plan, log=print):
         UsageError: when a run's directory holds another run.
         RuntimeError: when runs failed (after the others are done).
     """
-    runs = plan.runs()
-    for run in runs:
-        check_run_directory(run)
+    runs = plan.runs()  # Checked before the logdir's lock was taken.
     todo = [run for run in runs if not is_complete(run)]
     if len(runs) > len(todo):
         log(f"{len(runs) - len(todo)} of {len(runs)} runs already complete; "
