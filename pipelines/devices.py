@@ -36,13 +36,16 @@ def resolve_precision(precision, devices):
     return "float32"
 
 
-def resolve_jit(jit_compile, devices):
+def resolve_jit(jit_compile, devices, source="flags"):
     """Whether the steps are XLA-compiled. TensorFlow `"auto"`: on
     accelerators, where fusing a toy model's small ops pays (on a CPU it
     mostly adds compile time); JAX: always, as Keras's JAX trainer does
-    (without `jax.jit` every op dispatches alone); torch: never (eager)."""
+    (without `jax.jit` every op dispatches alone); torch: never (eager).
+    `source` is where the setting came from: `"on"` from a preset (XLA
+    where the backend has it) is off on torch; asked for otherwise, it is
+    refused there."""
     if devices.backend == "torch":
-        if jit_compile == "on":
+        if jit_compile == "on" and not source.startswith("preset"):
             raise UsageError(
                 "--jit-compile on: torch runs train eagerly; use "
                 "--jit-compile auto or off, or --backend jax"
@@ -77,7 +80,9 @@ def open_run_devices(config):
     check_divisible(config, devices.num_replicas)
     config = config.replace(
         precision=resolve_precision(config.precision, devices),
-        jit_compile="on" if resolve_jit(config.jit_compile, devices) else "off",
+        jit_compile="on" if resolve_jit(
+            config.jit_compile, devices,
+            config.sources.get("jit_compile", "flags")) else "off",
     )
     return config, devices
 

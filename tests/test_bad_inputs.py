@@ -20,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from pipelines.backends import BACKENDS
+from pipelines.backends import Devices
 from pipelines.cli import main
 from pipelines.compare import COMPARISON_JSON
 from pipelines.config import CHOICES
@@ -29,6 +30,7 @@ from pipelines.common import UsageError
 from pipelines.config_checks import NOT_A_RUN
 from pipelines.devices import attention_bytes
 from pipelines.devices import check_memory
+from pipelines.devices import resolve_jit
 from pipelines.sweep import SWEEP_JSON
 from pipelines.sweep.plan import run_name
 
@@ -195,3 +197,17 @@ def test_variance_output_is_checked_before_the_computation(tmp_path, capsys):
         # The table is printed after the draws: none were made.
         assert out == ""
     assert os.listdir(tmp_path) == []
+
+
+def test_torch_turns_a_presets_xla_off_and_refuses_it_when_asked():
+    """compare's presets ask for XLA ("on") wherever a backend has it; on
+    torch, which trains eagerly, that is off, while a user's own
+    --jit-compile on is refused in one line."""
+    torch = Devices(backend="torch", num_replicas=1, accelerator="cpu",
+                    strategy="default", chief=True, shard=(0, 1),
+                    scope=None, device_count=1, handle=None)
+    assert resolve_jit("on", torch, source="preset default") is False
+    with pytest.raises(UsageError, match="--jit-compile on: torch"):
+        resolve_jit("on", torch, source="flags")
+    jax = torch._replace(backend="jax")
+    assert resolve_jit("auto", jax) is True and resolve_jit("off", jax) is False
