@@ -95,7 +95,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Args:
         peak: learning rate after warmup: a float, or a scalar variable
             (read at every step, so a compiled step can be reused with a
-            new rate; see `pipelines.sweep.reuse`).
+            new rate; see `pipelines.engine.reuse`).
         warmup_steps: number of warmup updates (0 for none).
         total_steps: length of the run (the cosine reaches 0 there).
         decay: `"constant"` or `"cosine"`.

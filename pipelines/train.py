@@ -88,12 +88,9 @@ def run(args):
         return 0
     metrics = train(config)
     if metrics.get("diverged_at_step") is not None:
-        print(
-            f"keras-attention train: error: the loss became non-finite at "
-            f"step {metrics['diverged_at_step']}; lower --learning-rate or "
-            f"set --clip-norm",
-            file=sys.stderr,
-        )
+        print(f"keras-attention train: error: the loss became non-finite at "
+              f"step {metrics['diverged_at_step']}; lower --learning-rate or "
+              "set --clip-norm", file=sys.stderr)
         return 1
     print(
         f"held-out accuracy {metrics['heldout_accuracy']:.4f}, loss "
@@ -106,7 +103,8 @@ def run(args):
 
 
 # ------------------------------------------------------------- train
-def train(config, return_model=False, hparams_experiment=True, reuse=None):
+def train(config, return_model=False, hparams_experiment=True, reuse=None,
+          progress=None):
     """Trains the config's model on its task and writes the run directory.
 
     Resumes from the last checkpoint in `config.logdir` when there is one.
@@ -122,8 +120,10 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
             TensorBoard reads a single experiment per logdir.
         reuse: optional `reuse(config, devices, task)` returning the
             `pipelines.steps.Parts` to train with (default:
-            `pipelines.steps.build_parts`); a sweep passes one that keeps
-            the compiled steps across runs (see `pipelines.sweep.reuse`).
+            `pipelines.steps.build_parts`); a grid passes one that keeps
+            the compiled steps across runs (see `pipelines.engine.reuse`).
+        progress: optional `progress(step)`, called at each log interval
+            (a grid's progress display).
 
     Returns:
         The metrics dict written to `metrics.json` (on the chief), and with
@@ -164,20 +164,21 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None):
         keras.config.set_dtype_policy(config.precision)
         with writing_run(config.logdir, devices.chief):
             metrics, model = _train(
-                config, devices, start_time, hparams_experiment, reuse
-            )
+                config, devices, start_time, hparams_experiment, reuse,
+                progress or (lambda step: None))
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics
 
 
-def _train(config, devices, start_time, hparams_experiment, reuse):
+def _train(config, devices, start_time, hparams_experiment, reuse,
+           progress):
     logdir, steps, chief = config.logdir, config.steps, devices.chief
     task = build_task(config)
 
     # -------- model, optimizer and compiled steps, identical on every
     # replica and worker; or those of an earlier run of the same shapes,
-    # reset to this run's initial weights (a sweep's `reuse`).
+    # reset to this run's initial weights (a grid's `reuse`).
     parts = (build_parts if reuse is None else reuse)(config, devices, task)
     model, optimizer, schedule, host_model = parts[:4]
 
@@ -236,6 +237,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse):
             mean_loss = _log_window(window, step, clock, schedule, logs.train,
                                     progbar, config.batch_size)
             window = []
+            progress(step)
             if not math.isfinite(mean_loss):
                 progress.diverged_at = step
                 break
@@ -264,11 +266,8 @@ def _train(config, devices, start_time, hparams_experiment, reuse):
         host_model.set_weights(model.get_weights())
         if chief:
             save_model(host_model, os.path.join(logdir, MODEL_FILE))
-    steps_to_target = next(
-        (s for s, accuracy in progress.history
-         if accuracy >= config.target_accuracy),
-        None,
-    )
+    steps_to_target = next((s for s, accuracy in progress.history
+                            if accuracy >= config.target_accuracy), None)
     if steps_to_target is not None and chief:
         logs.root.scalars({"steps_to_target": float(steps_to_target)}, step)
     for writer in logs:

@@ -68,7 +68,7 @@ from _bench import keras
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.embeddings import PositionEmbedding
 from pipelines.builders import build_optimizer
-from pipelines.compare.arms import PRESETS as COMPARE_PRESETS
+from pipelines.engine.presets import COMPARE_PRESETS
 from pipelines.config import TrainConfig
 from pipelines.devices import open_run_devices
 
@@ -234,7 +234,8 @@ def bench_settings(args):
                     jit_compile=args.jit or "auto",
                     strategy="default", precision="float32")
     if args.compare_preset:
-        preset = dict(COMPARE_PRESETS[args.compare_preset].train)
+        chosen = COMPARE_PRESETS[args.compare_preset]
+        preset = chosen.layer_values(chosen.task)
         args.diagnostics_every = preset.pop("diagnostics_every")
         settings = {**preset, **dict(steps=args.steps, strategy="default",
                                      precision="float32")}

@@ -15,8 +15,11 @@ arms), and measures the three claims of the lesson:
 3. in saturation the gradient at the softmax input vanishes and learning
    slows or stops, while the scaled model keeps learning.
 
-Every (arm, key_dim, seed) is a training run of `keras-attention train` in
-`LOGDIR/<arm>-dk<key_dim>-seed<seed>/`. Runs of the same key_dim and seed get
+Every (arm, key_dim, seed), and any other axis given as a list (for example
+`--num-layers 1,2,4`), is a training run of `keras-attention train` in
+`LOGDIR/<arm>-dk<key_dim>-seed<seed>/`: a grid of the experiment engine
+(`pipelines.engine`), which trains, resumes and shards it; this package is
+the report over its runs. Runs of the same key_dim and seed get
 the same data stream and the same initial weights (the arms add or rescale
 nothing but what defines them), and the same optimizer. A run that is
 already complete is not trained again, so an interrupted comparison resumes
@@ -52,118 +55,115 @@ Outputs, all under `--logdir`:
 `tensorboard --logdir LOGDIR` then overlays the runs' curves and compares
 them in the HParams dashboard.
 
-The package (floor 3, pipelines): arms, plan, runner, claims, series,
-tensorboard, measure, formats, verdicts, report, figures and page, each
-importing only those before it;
-they may import keras_attention and the pipelines below them (common,
-config, flags, builders, devices, run_dir, locks, failures, tensorboard,
-train, variance), never pipelines.cli.
+The package (floor 3, pipelines): claims, series, tensorboard, measure,
+formats, verdicts, report and figures, each importing only those before it;
+they may import keras_attention, the engine and the pipelines below them,
+never pipelines.cli.
 """
 
 import json
 import os
 import time
 
+from pipelines.common import parse_count
+from pipelines.common import parse_int_list
+from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
-from pipelines.compare.arms import ARMS
-from pipelines.compare.arms import PRESETS
-from pipelines.compare.arms import Arm
-from pipelines.compare.arms import Preset
 from pipelines.compare.claims import evaluate_claims
-from pipelines.compare.figures import write_figures
+from pipelines.compare.figures import make_figures
 from pipelines.compare.measure import collect
 from pipelines.compare.measure import probe_at_init
 from pipelines.compare.measure import probe_trained
-from pipelines.compare.page import render_page
-from pipelines.compare.plan import ComparisonPlan
-from pipelines.compare.plan import RunSpec
-from pipelines.compare.plan import plan_from_args
 from pipelines.compare.report import build_comparison
 from pipelines.compare.report import key_dim_table
 from pipelines.compare.report import render_report
-from pipelines.compare.runner import check_run_directory
-from pipelines.compare.runner import train_one
-from pipelines.compare.runner import train_runs
 from pipelines.compare.series import collect_curves
 from pipelines.compare.series import figure_data
+from pipelines.compare.tensorboard import EXPERIMENT_METRICS
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
-from pipelines.compare.tensorboard import write_experiment
 from pipelines.compare.verdicts import status_word
-from pipelines.flags import add_train_arguments
-from pipelines.locks import owning_logdir
+from pipelines.engine import COMPARE_PRESETS as PRESETS
+from pipelines.engine import add_grid_arguments
+from pipelines.engine import check_runs
+from pipelines.engine import plan_grid
+from pipelines.engine import run_grid
+from pipelines.engine import write_grid_experiment
+from pipelines.page import render_page
+from pipelines.plotting import write_figures
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
 COMPARISON_MD = "comparison.md"
 COMPARISON_HTML = "comparison.html"
+DEFAULT_LOGDIR = os.path.join("runs", "compare")
 
 __all__ = [
-    "ARMS", "PRESETS", "Arm", "Preset", "ComparisonPlan", "RunSpec",
-    "plan_from_args", "probe_at_init", "probe_trained", "train_one",
-    "compare", "evaluate_claims", "render_report", "summary_text",
+    "PRESETS", "plan_from_args", "probe_at_init", "probe_trained",
+    "compare", "report", "evaluate_claims", "render_report", "summary_text",
     "add_arguments", "run",
 ]
 
 
 def compare(plan, log=print):
     """Runs a comparison: trains what is missing, measures, writes the
-    report.
-
-    Args:
-        plan: a `ComparisonPlan` (see `plan_from_args`).
-        log: a function receiving progress lines.
+    report (`pipelines.engine.run_grid` with `report`).
 
     Returns:
-        The `comparison.json` document (a dict).
+        The `comparison.json` document (a dict), or None when a shard
+        leaves runs of other shards to finish.
 
     Raises:
         RunDirectoryBusy: when another process holds `plan.logdir`.
-        EnvironmentFailure: when a write is refused.
+        EnvironmentFailure: when a write is refused or runs failed.
     """
-    # Refused before the lock is taken: a refused rerun leaves `.lock` (and
-    # the pid in it) as it was.
-    for spec in plan.runs():
-        if spec.trained:
-            check_run_directory(spec)
-    with owning_logdir(plan.logdir):
-        return _compare(plan, log)
-
-
-def _compare(plan, log):
     started = time.time()
-    os.makedirs(plan.logdir, exist_ok=True)
-    trained_now = train_runs(plan, log=log)
+    return run_grid(
+        plan, lambda *args: report(*args, started=started), log=log)
+
+
+def report(plan, missing, timing, log=print, started=None):
+    """Measures the finished runs of `plan` and writes comparison.json,
+    comparison.md, comparison.html, the figures and the TensorBoard
+    summaries.
+
+    Args:
+        plan: the `Grid` of the finished runs.
+        missing: names of trained runs not finished (`--report-only`).
+        timing: the engine's record of what it trained now (None when it
+            trained nothing).
+        log: receives progress lines.
+        started: when the invocation started (for its wall time).
+    """
+    started = time.time() if started is None else started
     results = collect(plan, log=log)
-    variance_rows = (
-        variance_table(plan.key_dims, plan.variance_samples, seed=0)
-        if plan.variance_samples
-        else []
-    )
+    samples = plan.options.get("variance_samples", 0)
+    variance_rows = (variance_table(plan.axis("key_dim"), samples, seed=0)
+                     if samples else [])
     claims = evaluate_claims(plan, results, variance_rows)
     curves = collect_curves(plan)
-    write_experiment(plan.logdir, plan)
+    write_grid_experiment(plan, EXPERIMENT_METRICS)
     write_claim_scalars(plan.logdir, results)
     write_curve_scalars(plan.logdir, curves)
     wall_time_s = time.time() - started
+    trained_now = timing["trained_now"] if timing else []
     document = build_comparison(plan, results, variance_rows, claims,
                                 wall_time_s)
-    document["trained_now"] = trained_now
-    document["curves"] = curves
-    document["figures"] = figure_data(plan, results)
+    document.update(trained_now=trained_now, missing=list(missing),
+                    curves=curves, figures=figure_data(plan, results))
     json_path = os.path.join(plan.logdir, COMPARISON_JSON)
     write_json_atomic(json_path, document)
     # The figures are drawn from the file just written: one source for the
     # pictures and the numbers.
     with open(json_path, encoding="utf-8") as handle:
-        figures = write_figures(plan.logdir, json.load(handle))
-    report = render_report(plan, results, variance_rows, claims, wall_time_s,
-                           trained_now, figures, COMPARISON_HTML)
-    write_text_atomic(os.path.join(plan.logdir, COMPARISON_MD), report)
+        figures = write_figures(plan.logdir, make_figures(json.load(handle)))
+    text = render_report(plan, results, variance_rows, claims, wall_time_s,
+                         trained_now, figures, COMPARISON_HTML, missing)
+    write_text_atomic(os.path.join(plan.logdir, COMPARISON_MD), text)
     write_text_atomic(
         os.path.join(plan.logdir, COMPARISON_HTML),
-        render_page(plan.logdir, report, figures,
+        render_page(plan.logdir, text, figures,
                     f"Scaled vs unscaled attention on {plan.base.task}"),
     )
     return document
@@ -178,8 +178,8 @@ def summary_text(plan, document):
     }
     claims = document["claims"]
     lines = []
-    for key_dim in reversed(plan.key_dims):
-        trained = key_dim in plan.train_key_dims
+    for key_dim in reversed(plan.axis("key_dim")):
+        trained = key_dim in plan.trained_axis("key_dim")
         lines += [
             f"d_k = {key_dim}" + ("" if trained else " (init only)"),
             *key_dim_table(plan, results, key_dim),
@@ -192,49 +192,74 @@ def summary_text(plan, document):
 
 # ---------------------------------------------------------- command line
 def add_arguments(parser):
-    """Adds the `compare` flags, and every `train` flag, to a parser."""
+    """Adds the `compare` flags, the grid's and every `train` flag."""
+    default, full = PRESETS["default"], PRESETS["full"]
+    add_grid_arguments(
+        parser, PRESETS, "default",
+        "default: init statistics at d_k 16,64,256,1024 and scaled vs "
+        f"unscaled trained at 1024 with 3 seeds ({default.expected}); full: "
+        f"every arm trained at d_k 16..4096 with 5 seeds ({full.expected})")
     group = parser.add_argument_group("comparison")
-    group.add_argument(
-        "--preset", default="default", metavar="{" + ",".join(PRESETS) + "}",
-        help="default: init statistics at d_k 16,64,256,1024 and scaled vs "
-        f"unscaled trained at 1024 with 3 seeds ({PRESETS['default'].expected});"
-        " full: every arm trained at d_k 16..4096 with 5 seeds "
-        f"({PRESETS['full'].expected})",
-    )
-    group.add_argument("--key-dims", metavar="D1,D2,...",
-                       help="d_k values (given: all are trained unless "
-                       "--train-key-dims says otherwise)")
     group.add_argument("--train-key-dims", metavar="D1,D2,...|all",
                        help="d_k values to train; the others are measured at "
-                       "init only")
-    group.add_argument("--arms", metavar="A1,A2,...",
-                       help="arms to compare, from: " + ", ".join(ARMS)
-                       + " (default: scaled,unscaled)")
-    group.add_argument("--seeds", metavar="N|S1,S2,...",
-                       help="number of seeds (0..N-1) or a list of seeds")
-    group.add_argument("--jobs", metavar="N",
-                       help="runs trained at once, each in its own process "
-                       "(default: 1, in this process)")
+                       "init only (default: the preset's, or every given "
+                       "--key-dims)")
     group.add_argument("--variance-samples", default="20000", metavar="N",
                        help="random (q, k) pairs per d_k for the variance "
                        "table (0: none; default: %(default)s)")
-    add_train_arguments(parser)
     return parser
+
+
+def plan_from_args(args):
+    """The checked `Grid` of parsed `compare` flags.
+
+    Raises:
+        UsageError: on any bad flag, before anything is written.
+    """
+    train = args.train_key_dims
+    if train is not None and train != "all":
+        train = parse_int_list(train, "--train-key-dims")
+        # A trained d_k is measured at init too.
+        preset = PRESETS.get(args.preset, PRESETS["default"])
+        given = args.key_dim or list(preset.axes["key_dim"])
+        args.key_dim = sorted(set(given) | set(train))
+    samples = parse_count(args.variance_samples, "--variance-samples",
+                          minimum=0)
+    if samples == 1:
+        raise UsageError("--variance-samples must be 0 (none) or at least 2")
+    plan = plan_grid(args, "compare", PRESETS, DEFAULT_LOGDIR)
+    if "key_dim" not in plan.axes:
+        raise UsageError("compare measures over d_k: give --key-dims")
+    if train == "all":
+        plan.trained.pop("key_dim", None)
+    elif train is not None:
+        plan.trained["key_dim"] = sorted(train)
+    plan.options["variance_samples"] = samples
+    return check_runs(plan)
 
 
 def run(args):
     """Runs `keras-attention compare`; prints the tables and verdicts."""
     plan = plan_from_args(args)
-    trained = sum(spec.trained for spec in plan.runs())
+    trained = plan.trained_runs()
+    others = [name for name in plan.axes if name not in ("key_dim", "seed")]
     print(
-        f"Comparing {', '.join(plan.arms)} on {plan.base.task}: {trained} "
-        f"training runs of {plan.base.steps} steps (d_k "
-        f"{', '.join(map(str, plan.train_key_dims))}; seeds "
-        f"{', '.join(map(str, plan.seeds))}), init statistics at d_k "
-        f"{', '.join(map(str, plan.key_dims))}; logs in {plan.logdir}",
+        f"Comparing {', '.join(plan.arms)} on {plan.base.task}: "
+        f"{len(trained)} training runs of {plan.base.steps} steps (d_k "
+        f"{', '.join(map(str, plan.trained_axis('key_dim')))}; seeds "
+        f"{', '.join(map(str, plan.seeds))}"
+        + "".join(f"; {name} {', '.join(map(str, plan.axis(name)))}"
+                  for name in others)
+        + f"), init statistics at d_k "
+        f"{', '.join(map(str, plan.axis('key_dim')))}; logs in {plan.logdir}"
+        + ("" if plan.shard.source is None else
+           f"; shard {plan.shard.index}/{plan.shard.count} "
+           f"({plan.shard.source})"),
         flush=True,
     )
     document = compare(plan, log=lambda line: print(line, flush=True))
+    if document is None:
+        return 0
     print()
     print(summary_text(plan, document))
     print()

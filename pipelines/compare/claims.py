@@ -94,7 +94,7 @@ def variance_claim(plan, results, variance_rows):
     ]
     ratios = []
     if _has_pair(plan):
-        for key_dim in plan.key_dims:
+        for key_dim in plan.axis("key_dim"):
             scaled, _ = mean_sd(init_values(results, "scaled", key_dim,
                                             "score_std"))
             unscaled, _ = mean_sd(init_values(results, "unscaled", key_dim,
@@ -129,7 +129,7 @@ def saturation_claim(plan, results):
         return {"holds": None, "unscaled_lower": None,
                 "unscaled_falling_with_key_dim": None, "entropy": []}
     entropy = []
-    for key_dim in plan.key_dims:
+    for key_dim in plan.axis("key_dim"):
         row = {"key_dim": key_dim}
         for arm in ("scaled", "unscaled"):
             for key in ("entropy_normalized", "max_weight",
@@ -229,13 +229,13 @@ def learning_claim(plan, results):
     """Claim 3: in saturation the gradient at the softmax input vanishes
     and the unscaled model stalls where the scaled one learns."""
     gaps = (
-        [_training_gap(results, key_dim) for key_dim in plan.train_key_dims]
+        [_training_gap(results, key_dim) for key_dim in plan.trained_axis("key_dim")]
         if _has_pair(plan) else []
     )
     largest = gaps[-1] if gaps else None
     arms_at_largest = (
-        _arms_at(plan, results, plan.train_key_dims[-1])
-        if plan.train_key_dims else {}
+        _arms_at(plan, results, plan.trained_axis("key_dim")[-1])
+        if plan.trained_axis("key_dim") else {}
     )
     return {
         "arms_at_largest_key_dim": arms_at_largest,

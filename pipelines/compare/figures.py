@@ -15,44 +15,17 @@ the file, so the pictures and the numbers have one source):
                     (e) the probe example's labelled attention, scaled and
                         unscaled and their difference (`"heatmaps"`)
 
-`write_figures` saves them as PNG under `figures/` and returns them as SVG
-text too, for comparison.html. Every line carries its series' name as its
+`pipelines.plotting.write_figures` saves them as PNG under `figures/` and
+returns them as SVG text too, for comparison.html. Every line carries its series' name as its
 label (the arm, or the ratio), so the drawn data can be read back.
 """
 
-import io
-import os
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-import matplotlib
-
 from keras_attention.viz import plot_attention_pair
-from pipelines.common import write_bytes_atomic
 from pipelines.compare.series import PAIR
-
-FIGURE_DIR = "figures"
-_PNG_DPI = 120
-
-
-def _figure(width=6.4, height=4.0):
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _colours(arms):
-    palette = matplotlib.colormaps["tab10"].colors
-    return {arm: palette[index % len(palette)]
-            for index, arm in enumerate(arms)}
-
-
-def _log2_axis(ax, key_dims):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(key_dims, [str(k) for k in key_dims])
-    ax.minorticks_off()
-    ax.set_xlabel("d_k (key dimension)")
-
+from pipelines.plotting import colour
+from pipelines.plotting import draw_figures
+from pipelines.plotting import log2_axis
+from pipelines.plotting import new_figure
 
 def accuracy_figure(document):
     """(a) Held-out accuracy against the step, one panel per trained d_k."""
@@ -60,20 +33,18 @@ def accuracy_figure(document):
     key_dims = sorted({c["key_dim"] for c in curves})
     if not key_dims:
         return None
-    colours = _colours(document["arms"])
-    figure = _figure(5.6 * len(key_dims), 3.8)
-    axes = figure.subplots(1, len(key_dims), squeeze=False)[0]
-    for ax, key_dim in zip(axes, key_dims):
+    figure, axes = new_figure(5.6 * len(key_dims), 3.8, 1, len(key_dims))
+    for ax, key_dim in zip(axes[0], key_dims):
         for curve in curves:
             series = curve["metrics"]["accuracy"]
             if curve["key_dim"] != key_dim or not series["steps"]:
                 continue
             steps, mean, sd = series["steps"], series["mean"], series["sd"]
-            colour = colours[curve["arm"]]
             ax.fill_between(steps, [m - s for m, s in zip(mean, sd)],
-                            [m + s for m, s in zip(mean, sd)], color=colour,
-                            alpha=0.2, linewidth=0)
-            ax.plot(steps, mean, color=colour, marker=".",
+                            [m + s for m, s in zip(mean, sd)],
+                            color=colour(curve["arm"]), alpha=0.2,
+                            linewidth=0)
+            ax.plot(steps, mean, color=colour(curve["arm"]), marker=".",
                     label=f"{curve['arm']} ({len(curve['seeds'])} seeds)")
         target = document.get("target_accuracy")
         if target:
@@ -89,15 +60,14 @@ def accuracy_figure(document):
 
 
 def _per_arm_figure(document, data, ylabel, title, log_y=False):
-    colours = _colours(document["arms"])
-    figure = _figure()
-    ax = figure.add_subplot()
+    figure, axes = new_figure()
+    ax = axes[0][0]
     key_dims = sorted({k for series in data.values()
                        for k in series["key_dims"]})
     for arm, series in data.items():
         ax.errorbar(series["key_dims"], series["mean"], yerr=series["sd"],
-                    color=colours[arm], marker="o", capsize=3, label=arm)
-    _log2_axis(ax, key_dims)
+                    color=colour(arm), marker="o", capsize=3, label=arm)
+    log2_axis(ax, key_dims)
     if log_y:
         ax.set_yscale("log", base=2)
     ax.set_ylabel(ylabel)
@@ -142,8 +112,8 @@ def gradient_ratio_figure(document):
     data = document["figures"]["gradient_ratios"]
     if not any(series["key_dims"] for series in data.values()):
         return None
-    figure = _figure()
-    ax = figure.add_subplot()
+    figure, axes = new_figure()
+    ax = axes[0][0]
     names = {"grad_norm_scores": "|dL/dscores|",
              "grad_norm_query": "|dL/dW_Q|"}
     for key, series in data.items():
@@ -151,7 +121,7 @@ def gradient_ratio_figure(document):
                 label=f"{names[key]} {PAIR[1]}/{PAIR[0]}")
     key_dims = sorted({k for s in data.values() for k in s["key_dims"]})
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="1")
-    _log2_axis(ax, key_dims)
+    log2_axis(ax, key_dims)
     ax.set_yscale("log", base=2)
     ax.set_ylabel(f"{PAIR[1]} / {PAIR[0]} at init")
     ax.set_title("Gradient norms at init, unscaled over scaled")
@@ -208,47 +178,4 @@ FIGURES = (
 def make_figures(document):
     """`[(name, caption, Figure)]` of the figures the document has data
     for."""
-    made = []
-    for name, caption, draw in FIGURES:
-        figure = draw(document)
-        if figure is not None:
-            made.append((name, caption, figure))
-    return made
-
-
-def figure_svg(figure):
-    """The figure as SVG markup for inlining in HTML: text kept as text, no
-    XML prologue, DOCTYPE or metadata (whose namespace addresses would be
-    the page's only http references)."""
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none",
-                                "svg.hashsalt": "comparison"}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    text = buffer.getvalue()
-    text = text[text.index("<svg"):]
-    start, end = text.find("<metadata>"), text.find("</metadata>")
-    if start != -1:
-        text = text[:start] + text[end + len("</metadata>"):]
-    for attribute in (' xmlns:xlink="http://www.w3.org/1999/xlink"',
-                      ' xmlns="http://www.w3.org/2000/svg"'):
-        text = text.replace(attribute, "")
-    return text
-
-
-def write_figures(logdir, document):
-    """Saves every figure as `figures/<name>.png` under `logdir`.
-
-    Returns:
-        `[{"name", "caption", "path", "svg"}]`; `path` is relative to
-        `logdir`.
-    """
-    os.makedirs(os.path.join(logdir, FIGURE_DIR), exist_ok=True)
-    written = []
-    for name, caption, figure in make_figures(document):
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=_PNG_DPI)
-        path = f"{FIGURE_DIR}/{name}.png"
-        write_bytes_atomic(os.path.join(logdir, path), buffer.getvalue())
-        written.append({"name": name, "caption": caption, "path": path,
-                        "svg": figure_svg(figure)})
-    return written
+    return draw_figures(FIGURES, document)

@@ -165,7 +165,7 @@ def collect(plan, log=print):
     heatmap_dir = os.path.join(plan.logdir, HEATMAP_DIR)
     os.makedirs(heatmap_dir, exist_ok=True)
     heatmap_key_dim = (
-        plan.train_key_dims[-1] if plan.train_key_dims else plan.key_dims[-1]
+        plan.trained_axis("key_dim")[-1] if plan.trained_axis("key_dim") else plan.axis("key_dim")[-1]
     )
     heatmap_seed = plan.seeds[0]
     for spec in plan.runs():

@@ -3,7 +3,7 @@
 
 from pipelines.common import markdown_table
 from pipelines.common import to_jsonable
-from pipelines.compare.arms import ARMS
+from pipelines.engine.presets import ARMS
 from pipelines.compare.claims import init_values
 from pipelines.compare.claims import run_values
 from pipelines.compare.formats import fmt, fmt_mean_sd, fmt_steps, ratio
@@ -36,7 +36,7 @@ def _stage_values(results, arm, key_dim, stage, key):
 
 def key_dim_table(plan, results, key_dim):
     """The Markdown table of one key_dim: arms side by side (lines)."""
-    trained = key_dim in plan.train_key_dims
+    trained = key_dim in plan.trained_axis("key_dim")
     rows = []
     if trained:
         rows.append(["final held-out accuracy", *(
@@ -65,8 +65,8 @@ def _header(plan, results, wall_time_s, trained_now):
         f"# Scaled vs unscaled attention on `{base.task}`",
         "",
         f"Arms: {', '.join(plan.arms)}. Key dims measured at init: "
-        f"{', '.join(map(str, plan.key_dims))}; trained: "
-        f"{', '.join(map(str, plan.train_key_dims)) or 'none'}. Seeds: "
+        f"{', '.join(map(str, plan.axis('key_dim')))}; trained: "
+        f"{', '.join(map(str, plan.trained_axis('key_dim'))) or 'none'}. Seeds: "
         f"{', '.join(map(str, plan.seeds))}.",
         "",
         f"Model: d_model {base.d_model}, {base.num_layers} {base.norm}-LN "
@@ -215,13 +215,18 @@ def _figure_lines(figures, page):
 
 
 def render_report(plan, results, variance_rows, claims, wall_time_s=None,
-                  trained_now=None, figures=(), page="comparison.html"):
+                  trained_now=None, figures=(), page="comparison.html",
+                  missing=()):
     """The comparison report as Markdown text.
 
-    `figures` are the entries of `figures.write_figures` (name, caption,
-    path), linked in a section after the verdicts; `page` names the HTML
-    version."""
+    `figures` are the entries of `pipelines.plotting.write_figures` (name,
+    caption, path), linked in a section after the verdicts; `page` names
+    the HTML version; `missing` names the runs not finished yet (a report
+    over the finished ones)."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
+    if missing:
+        lines += [f"**Not finished yet, left out of every number below "
+                  f"({len(missing)} runs):** {', '.join(missing)}.", ""]
     lines += _verdict_section(plan, claims, variance_rows)
     lines += _figure_lines(figures, page)
     if variance_rows:
@@ -239,8 +244,8 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
                  "batch).", ""),
     )
     lines += ["## Results per key_dim (mean ± sd over seeds)", ""]
-    for key_dim in reversed(plan.key_dims):
-        trained = key_dim in plan.train_key_dims
+    for key_dim in reversed(plan.axis("key_dim")):
+        trained = key_dim in plan.trained_axis("key_dim")
         lines += [
             f"### d_k = {key_dim}" + ("" if trained else " (init only)"),
             "",
@@ -258,8 +263,8 @@ def build_comparison(plan, results, variance_rows, claims, wall_time_s):
         "task": plan.base.task,
         "preset": plan.preset,
         "arms": list(plan.arms),
-        "key_dims": list(plan.key_dims),
-        "train_key_dims": list(plan.train_key_dims),
+        "key_dims": list(plan.axis("key_dim")),
+        "train_key_dims": list(plan.trained_axis("key_dim")),
         "seeds": list(plan.seeds),
         "steps": plan.base.steps,
         "target_accuracy": plan.base.target_accuracy,

@@ -63,7 +63,7 @@ def collect_curves(plan):
         if spec.trained:
             runs.setdefault((spec.key_dim, spec.arm), []).append(spec)
     curves = []
-    for key_dim in plan.train_key_dims:
+    for key_dim in plan.trained_axis("key_dim"):
         for arm in plan.arms:
             specs = runs.get((key_dim, arm), [])
             events = [read_event_scalars(os.path.join(spec.config.logdir,

@@ -1,10 +1,10 @@
-"""What a comparison adds to TensorBoard: each run's HParams metrics, the
-HParams experiment at the comparison's root, the claim scalars over d_k, and
+"""What a comparison adds to TensorBoard: each run's HParams metrics (the
+experiment at the root is the grid's, `pipelines.engine`), the claim
+scalars over d_k, and
 the arms' curves (mean and ± sd over seeds) with a custom-scalars layout of
 margin charts, one chart per metric, every arm in it.
 """
 
-import glob
 import os
 import shutil
 
@@ -16,7 +16,6 @@ from keras_attention.events import SummaryWriter
 from pipelines.compare.claims import group_final_accuracy
 from pipelines.compare.claims import group_init
 from pipelines.compare.series import CURVE_METRICS
-from pipelines import tensorboard as pipeline_tensorboard
 
 CLAIMS_DIR = "claims"
 CURVES_DIR = "curves"
@@ -55,30 +54,17 @@ def write_run_hparams_metrics(run_dir, record, steps):
     _write_scalars(directory, values, steps)
 
 
-def write_experiment(logdir, plan):
-    """Writes the comparison's HParams experiment (hparams and metrics) at
-    `logdir`, replacing the one an earlier invocation wrote."""
-    for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
-        os.remove(path)
-    hparams = {
-        "arm": plan.arms,
-        "key_dim": plan.train_key_dims,
-        "seed": plan.seeds,
-        **dict.fromkeys(("scale", "qk_norm", "task", "optimizer",
-                         "learning_rate", "d_model")),
-    }
-    metrics = (
-        ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
-        ("steps_to_target", HPARAMS_GROUP, "steps to target"),
-        ("init_entropy_normalized", HPARAMS_GROUP,
-         "initial entropy (normalized)"),
-        ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
-        ("init_score_std", HPARAMS_GROUP, "initial score std"),
-        ("init_grad_norm_scores", HPARAMS_GROUP, "initial |dL/dscores|"),
-        ("accuracy", "eval", "held-out accuracy"),
-    )
-    with SummaryWriter(logdir) as writer:
-        pipeline_tensorboard.write_experiment(writer, hparams, metrics)
+# The comparison's HParams metrics: (tag, group, display name).
+EXPERIMENT_METRICS = (
+    ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
+    ("steps_to_target", HPARAMS_GROUP, "steps to target"),
+    ("init_entropy_normalized", HPARAMS_GROUP,
+     "initial entropy (normalized)"),
+    ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
+    ("init_score_std", HPARAMS_GROUP, "initial score std"),
+    ("init_grad_norm_scores", HPARAMS_GROUP, "initial |dL/dscores|"),
+    ("accuracy", "eval", "held-out accuracy"),
+)
 
 
 def write_claim_scalars(logdir, results):

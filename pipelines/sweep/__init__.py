@@ -6,14 +6,13 @@ learning rate is tuned?
         --optimizers sgd,adam --learning-rates 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 \\
         --key-dims 256,1024 --seeds 3 --steps 1000 --logdir runs/sweep
 
-Trains the comparison's model on its task (`pipelines.compare`'s arms and
-preset settings) over a grid of (arm, optimizer, learning rate, d_k, seed),
-each run a directory `LOGDIR/<arm>-<optimizer>-lr<lr>-dk<d_k>-seed<seed>/`
-as `train` writes it. Finished runs are skipped, so an interrupted sweep
-resumes. `--jobs N` trains in N worker processes; each worker trains its
-runs one after another and reuses the compiled step of the previous run
-when the shapes match (`reuse`), so a run pays for no new process, build or
-compile. Then, under `LOGDIR`:
+Trains the comparison's model on its task (the engine's arms and presets,
+`pipelines.engine`) over a grid of (arm, optimizer, learning rate, d_k,
+seed), and any other axis given as a list, each run a directory
+`LOGDIR/<arm>-<optimizer>-lr<lr>-dk<d_k>-seed<seed>/` as `train` writes it.
+The engine trains, resumes and shards the grid (`--jobs N` worker
+processes, each reusing the compiled step of the previous run when the
+shapes match); this package is the report over its runs. Under `LOGDIR`:
 
     sweep.json, sweep.md, sweep.html   the document, the report, the same
                                        report self-contained (figures inline)
@@ -24,38 +23,40 @@ compile. Then, under `LOGDIR`:
                                        learning rate, d_k, seed; end metrics
                                        in each <run>/sweep/)
 
-The package (floor 3, pipelines): reuse, plan, runner, analysis,
-init_picture, figures, tensorboard and report; they import keras_attention,
-pipelines.common, config, builders, steps, train, tensorboard, run_dir and
-compare, never pipelines.cli.
+The package (floor 3, pipelines): analysis, init_picture, figures,
+tensorboard and report; they import keras_attention, the engine, the
+pipelines below them and `pipelines.compare.measure` (the probe at init),
+never pipelines.cli.
 """
 
 import os
 import resource
 import time
 
-from pipelines.common import write_bytes_atomic
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
-from pipelines.compare.arms import ARMS
-from pipelines.compare.runner import check_run_directory
-from pipelines.flags import add_train_arguments
-from pipelines.locks import owning_logdir
-from pipelines.sweep import figures
+from pipelines.engine import SWEEP_PRESETS as PRESETS
+from pipelines.engine import add_grid_arguments
+from pipelines.engine import check_runs
+from pipelines.engine import parse_seeds
+from pipelines.engine import plan_grid
+from pipelines.engine import run_grid
+from pipelines.engine import write_grid_experiment
+from pipelines.common import parse_int_list
+from pipelines.page import render_page
+from pipelines.plotting import write_figures
 from pipelines.sweep.analysis import run_record
+from pipelines.sweep.figures import make_figures
 from pipelines.sweep.init_picture import measure_init
-from pipelines.sweep.plan import PRESETS
-from pipelines.sweep.plan import plan_from_args
-from pipelines.sweep.report import FIGURES
 from pipelines.sweep.report import build_document
-from pipelines.sweep.report import render_html
 from pipelines.sweep.report import render_markdown
-from pipelines.sweep.runner import train_runs
+from pipelines.sweep.tensorboard import EXPERIMENT_METRICS
 from pipelines.sweep.tensorboard import write_run_metrics
-from pipelines.sweep.tensorboard import write_sweep_experiment
 
 SWEEP_JSON, SWEEP_MD, SWEEP_HTML = "sweep.json", "sweep.md", "sweep.html"
-FIGURE_DIR = "figures"
+DEFAULT_LOGDIR = os.path.join("runs", "sweep")
+# The runs' order in the report: per d_k, arm and optimizer, the rates.
+ORDER = ("key_dim", "arm", "optimizer", "learning_rate", "seed")
 
 
 def _cpu_seconds():
@@ -68,93 +69,93 @@ def _cpu_seconds():
 
 
 def sweep(plan, log=print):
-    """Runs a sweep: trains what is missing, measures, writes the report.
+    """Runs a sweep: trains what is missing, measures, writes the report
+    (`pipelines.engine.run_grid` with `report`).
 
     Returns:
-        The `sweep.json` document (a dict).
+        The `sweep.json` document (a dict), or None when a shard leaves
+        runs of other shards to finish.
 
     Raises:
         RunDirectoryBusy: when another process holds `plan.logdir`.
-        EnvironmentFailure: when a write is refused.
+        EnvironmentFailure: when a write is refused or runs failed.
     """
-    # Refused before the lock is taken: a refused rerun leaves `.lock` (and
-    # the pid in it) as it was.
-    for run in plan.runs():
-        check_run_directory(run)
-    with owning_logdir(plan.logdir):
-        return _sweep(plan, log)
+    started = time.time(), _cpu_seconds()
+    return run_grid(plan, lambda *args: report(*args, started=started),
+                    log=log)
 
 
-def _sweep(plan, log):
-    started, cpu_started = time.time(), _cpu_seconds()
-    os.makedirs(plan.logdir, exist_ok=True)
-    trained = train_runs(plan, log=log)
+def report(plan, missing, timing, log=print, started=None):
+    """Reads the finished runs of `plan`, measures the d_k picture at init
+    and writes sweep.json, sweep.md, sweep.html, the figures and the
+    TensorBoard summaries (`missing`, `timing`: as
+    `pipelines.compare.report`)."""
+    wall_started, cpu_started = started or (time.time(), _cpu_seconds())
     records = []
     for run in plan.runs():
         record = run_record(run)
         write_run_metrics(run.config.logdir, record)
         records.append(record)
-    write_sweep_experiment(plan.logdir, plan)
-    init_rows = (measure_init(plan.base, plan.init_key_dims, plan.init_seeds,
-                              log) if plan.init_key_dims else [])
-    timing = {"trained_now": len(trained["trained_now"]),
-              "skipped": trained["skipped"], "workers": trained["workers"],
-              "builds": trained["builds"], "runs_trained_now": trained["runs"]}
+    write_grid_experiment(plan, EXPERIMENT_METRICS)
+    init_key_dims = plan.options["init_key_dims"]
+    init_rows = (measure_init(plan.base, init_key_dims,
+                              plan.options["init_seeds"], log)
+                 if init_key_dims else [])
+    timing = timing or {"trained_now": [], "skipped": len(records),
+                        "workers": 0, "builds": 0, "runs": []}
+    document = build_document(plan, records, init_rows, {
+        "trained_now": len(timing["trained_now"]),
+        "skipped": timing["skipped"], "workers": timing["workers"],
+        "builds": timing["builds"], "runs_trained_now": timing["runs"],
+        "wall_time_s": 0.0, "cpu_time_s": 0.0}, missing)
     # The figures come from the document's data (the same numbers).
-    document = build_document(plan, records, init_rows, dict(
-        timing, wall_time_s=0.0, cpu_time_s=0.0))
-    pngs = {
-        "lr": figures.png_bytes(figures.lr_figure(document["curves"])),
-        "sensitivity": figures.png_bytes(
-            figures.sensitivity_figure(document["sensitivity"])),
-        "diagnostics": figures.png_bytes(
-            figures.diagnostics_figure(document["curves"])),
-    }
-    if init_rows:
-        pngs["init"] = figures.png_bytes(figures.init_figure(init_rows))
-    os.makedirs(os.path.join(plan.logdir, FIGURE_DIR), exist_ok=True)
-    for key, data in pngs.items():
-        write_bytes_atomic(
-            os.path.join(plan.logdir, FIGURE_DIR, FIGURES[key][0]), data)
-    document["figures"] = {key: path for key, path in document["figures"].items()
-                           if key in pngs}
-    document["timing"].update(wall_time_s=time.time() - started,
+    figures = write_figures(plan.logdir, make_figures(document))
+    document["figures"] = {item["name"]: item["path"] for item in figures}
+    document["timing"].update(wall_time_s=time.time() - wall_started,
                               cpu_time_s=_cpu_seconds() - cpu_started)
     write_json_atomic(os.path.join(plan.logdir, SWEEP_JSON), document)
-    write_text_atomic(os.path.join(plan.logdir, SWEEP_MD),
-                      render_markdown(document))
+    text = render_markdown(document, figures)
+    write_text_atomic(os.path.join(plan.logdir, SWEEP_MD), text)
     write_text_atomic(os.path.join(plan.logdir, SWEEP_HTML),
-                      render_html(document, pngs))
+                      render_page(plan.logdir, text, figures,
+                                  "Learning-rate sweep"))
     return document
 
 
 # ---------------------------------------------------------- command line
 def add_arguments(parser):
-    """Adds the `sweep` flags, and every `train` flag, to a parser."""
+    """Adds the `sweep` flags, the grid's and every `train` flag."""
+    add_grid_arguments(parser, PRESETS, "quick",
+                       f"quick: {PRESETS['quick'].expected}; full: "
+                       f"{PRESETS['full'].expected}")
     group = parser.add_argument_group("sweep")
-    group.add_argument(
-        "--preset", default="quick", metavar="{" + ",".join(PRESETS) + "}",
-        help=f"quick: {PRESETS['quick'].expected}; full: "
-        f"{PRESETS['full'].expected}")
-    group.add_argument("--arms", metavar="A1,A2,...",
-                       help="arms, from: " + ", ".join(ARMS))
-    group.add_argument("--optimizers", metavar="O1,O2,...",
-                       help="optimizers, from: sgd, adam, adamw")
-    group.add_argument("--learning-rates", metavar="LR1,LR2,...",
-                       help="peak learning rates")
-    group.add_argument("--key-dims", metavar="D1,D2,...", help="d_k values")
-    group.add_argument("--seeds", metavar="N|S1,S2,...",
-                       help="number of seeds (0..N-1) or a list of seeds")
-    group.add_argument("--jobs", metavar="N",
-                       help="worker processes (default: the preset's, 2)")
     group.add_argument("--init-key-dims", metavar="D1,D2,...|none",
                        help="d_k values of the picture at init, per scale "
                        "mode (default: 16,64,256,1024,4096)")
     group.add_argument("--init-seeds", metavar="N|S1,S2,...",
                        help="seeds of the picture at init (default: the "
                        "preset's)")
-    add_train_arguments(parser)
     return parser
+
+
+def plan_from_args(args):
+    """The checked `Grid` of parsed `sweep` flags.
+
+    Raises:
+        UsageError: on any bad flag, before anything is written.
+    """
+    plan = plan_grid(args, "sweep", PRESETS, DEFAULT_LOGDIR, order=ORDER)
+    text = args.init_key_dims
+    if text is not None:
+        plan.options["init_key_dims"] = (
+            [] if text.strip() == "none"
+            else sorted(parse_int_list(text, "--init-key-dims")))
+    if args.init_seeds is not None:
+        plan.options["init_seeds"] = parse_seeds(args.init_seeds,
+                                                 "--init-seeds")
+    else:
+        plan.options["init_seeds"] = list(range(plan.options["init_seeds"]))
+    return check_runs(plan)
 
 
 def run(args):
@@ -163,6 +164,8 @@ def run(args):
     print(f"Sweeping {len(plan.runs())} runs of {plan.base.steps} steps "
           f"({plan.jobs} worker(s)); logs in {plan.logdir}", flush=True)
     document = sweep(plan, log=lambda line: print(line, flush=True))
+    if document is None:
+        return 0
     print()
     for verdict in document["verdicts"]:
         print(f"{verdict['optimizer']}, d_k {verdict['key_dim']}: "

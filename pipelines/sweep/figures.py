@@ -14,21 +14,9 @@ plotted can be read back and checked against the JSON).
   scale mode, ± sd over seeds.
 """
 
-import io
-
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-COLORS = {"scaled": "#1f77b4", "unscaled": "#d62728", "inverse": "#2ca02c",
-          "qk_norm": "#9467bd", "learned": "#ff7f0e", "sqrt": "#1f77b4",
-          "none": "#d62728"}
-
-
-def _color(name):
-    return COLORS.get(name, None)
+from pipelines.plotting import colour
+from pipelines.plotting import draw_figures
+from pipelines.plotting import new_figure
 
 
 def _panels(curve_list):
@@ -39,9 +27,8 @@ def _curve_rows(curve_list, rows, title):
     """A grid of panels: one row per (metric, label, log y), one column per
     (optimizer, d_k); one line per arm with its seed band."""
     panels = _panels(curve_list)
-    figure, axes = plt.subplots(
-        len(rows), len(panels), figsize=(4.2 * len(panels), 3.2 * len(rows)),
-        squeeze=False, constrained_layout=True)
+    figure, axes = new_figure(4.2 * len(panels), 3.2 * len(rows), len(rows),
+                              len(panels))
     for column, (optimizer, key_dim) in enumerate(panels):
         for row, (metric, label, log_y) in enumerate(rows):
             ax = axes[row][column]
@@ -56,9 +43,9 @@ def _curve_rows(curve_list, rows, title):
                     continue
                 xs, means, lows, highs = zip(*points)
                 ax.plot(xs, means, marker="o", label=curve["arm"],
-                        color=_color(curve["arm"]))
+                        color=colour(curve["arm"]))
                 ax.fill_between(xs, lows, highs, alpha=0.2,
-                                color=_color(curve["arm"]), linewidth=0)
+                                color=colour(curve["arm"]), linewidth=0)
             ax.set_xscale("log")
             if log_y:
                 ax.set_yscale("log")
@@ -92,8 +79,8 @@ def sensitivity_figure(sensitivity_list):
     """Bars per arm (mean ± sd over seeds), one group per optimizer, d_k."""
     panels = sorted({(s["optimizer"], s["key_dim"]) for s in sensitivity_list})
     arms = sorted({s["arm"] for s in sensitivity_list})
-    figure, ax = plt.subplots(figsize=(max(5, 1.6 * len(panels) * len(arms)),
-                                       3.6), constrained_layout=True)
+    figure, axes = new_figure(max(5, 1.6 * len(panels) * len(arms)), 3.6)
+    ax = axes[0][0]
     width = 0.8 / max(len(arms), 1)
     for index, arm in enumerate(arms):
         xs, means, sds = [], [], []
@@ -104,7 +91,7 @@ def sensitivity_figure(sensitivity_list):
                     means.append(s["mean"])
                     sds.append(s["sd"])
         ax.bar(xs, means, width, yerr=sds, capsize=3, label=arm,
-               color=_color(arm))
+               color=colour(arm))
     ax.set_xticks(range(len(panels)))
     ax.set_xticklabels([f"{o}, d_k {d}" for o, d in panels])
     ax.set_ylabel("LR sensitivity (lower: more robust)")
@@ -116,10 +103,9 @@ def sensitivity_figure(sensitivity_list):
 
 def init_figure(rows):
     """Score std and normalized entropy at init against d_k, per mode."""
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8),
-                                constrained_layout=True)
+    figure, axes = new_figure(10, 3.8, 1, 2)
     modes = list(dict.fromkeys(row["mode"] for row in rows))
-    for ax, (metric, label, log_y) in zip(axes, (
+    for ax, (metric, label, log_y) in zip(axes[0], (
             ("score_std", "score std at init", True),
             ("entropy_normalized", "entropy / log(keys) at init", False))):
         for mode in modes:
@@ -128,7 +114,7 @@ def init_figure(rows):
             ax.errorbar([r["key_dim"] for r in mine],
                         [r[metric]["mean"] for r in mine],
                         yerr=[r[metric]["sd"] for r in mine], marker="o",
-                        capsize=3, label=mode, color=_color(mode))
+                        capsize=3, label=mode, color=colour(mode))
         ax.set_xscale("log", base=2)
         if log_y:
             ax.set_yscale("log")
@@ -140,9 +126,22 @@ def init_figure(rows):
     return figure
 
 
-def png_bytes(figure):
-    """The figure as PNG bytes; closes it."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    return buffer.getvalue()
+# (name, caption, figure of the sweep.json document).
+FIGURES = (
+    ("lr_loss_accuracy", "Final loss and accuracy against the learning rate "
+     "(the Wortsman figure)", lambda document: lr_figure(document["curves"])),
+    ("lr_sensitivity", "Learning-rate sensitivity per arm",
+     lambda document: sensitivity_figure(document["sensitivity"])),
+    ("lr_max_logit_entropy", "Final max attention logit and entropy against "
+     "the learning rate",
+     lambda document: diagnostics_figure(document["curves"])),
+    ("init_by_key_dim", "Score std and entropy at init against d_k per "
+     "scale mode", lambda document: init_figure(document["init_by_key_dim"])
+     if document["init_by_key_dim"] else None),
+)
+
+
+def make_figures(document):
+    """`[(name, caption, Figure)]` of the figures the document has data
+    for."""
+    return draw_figures(FIGURES, document)

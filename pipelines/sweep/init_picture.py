@@ -11,7 +11,7 @@ run's initial weights.
 
 import numpy as np
 
-from pipelines.compare.arms import ARMS
+from pipelines.engine.presets import ARMS
 from pipelines.compare.measure import probe_at_init
 
 # Scale mode -> the comparison arm that has it.

@@ -1,9 +1,6 @@
-"""The sweep's report: `sweep.json` (the document), `sweep.md` and a
-self-contained `sweep.html` (figures inline as data-URI PNGs, nothing
-fetched), built from the same document."""
-
-import base64
-import html
+"""The sweep's report: `sweep.json` (the document) and `sweep.md`, built
+from the same document (`sweep.html` is `sweep.md` made self-contained,
+`pipelines.page`)."""
 
 from pipelines.common import markdown_table
 from pipelines.sweep.analysis import best_rates
@@ -11,17 +8,6 @@ from pipelines.sweep.analysis import curves
 from pipelines.sweep.analysis import sensitivities
 from pipelines.sweep.analysis import verdicts
 from pipelines.sweep.init_picture import growth_exponents
-
-FIGURES = {
-    "lr": ("lr_loss_accuracy.png", "Final loss and accuracy against the "
-           "learning rate (the Wortsman figure)"),
-    "sensitivity": ("lr_sensitivity.png", "Learning-rate sensitivity per arm"),
-    "diagnostics": ("lr_max_logit_entropy.png", "Final max attention logit "
-                    "and entropy against the learning rate"),
-    "init": ("init_by_key_dim.png", "Score std and entropy at init against "
-             "d_k per scale mode"),
-}
-
 
 def overhead(records):
     """Per-run overhead: a run's wall time minus its steady training time
@@ -39,14 +25,16 @@ def overhead(records):
             "overhead_fraction": sum(extra) / max(sum(steady), 1e-9)}
 
 
-def build_document(plan, records, init_rows, timing):
-    """The `sweep.json` document."""
+def build_document(plan, records, init_rows, timing, missing=()):
+    """The `sweep.json` document (`missing`: the runs not finished yet,
+    left out of it)."""
     bests = best_rates(records)
     return {
         "preset": plan.preset,
-        "grid": {"arms": plan.arms, "optimizers": plan.optimizers,
-                 "learning_rates": plan.learning_rates,
-                 "key_dims": plan.key_dims, "seeds": plan.seeds,
+        "missing": list(missing),
+        "grid": {"arms": plan.arms, "optimizers": plan.axis("optimizer"),
+                 "learning_rates": plan.axis("learning_rate"),
+                 "key_dims": plan.axis("key_dim"), "seeds": plan.seeds,
                  "steps": plan.base.steps,
                  "target_accuracy": plan.base.target_accuracy},
         "runs": records,
@@ -59,7 +47,6 @@ def build_document(plan, records, init_rows, timing):
         "init_growth_exponents": growth_exponents(init_rows),
         "overhead": overhead(records),
         "timing": timing,
-        "figures": {key: f"figures/{name}" for key, (name, _) in FIGURES.items()},
     }
 
 
@@ -138,11 +125,17 @@ def _summary_lines(document):
     return lines
 
 
-def render_markdown(document):
-    """`sweep.md`."""
+def render_markdown(document, figures=()):
+    """`sweep.md`; `figures` are the entries of
+    `pipelines.plotting.write_figures`."""
     best, init, runs = _tables(document)
     lines = ["# Learning-rate sweep: does the scale matter once the rate is "
-             "tuned?", "", *_summary_lines(document), "", "## Verdicts", ""]
+             "tuned?", "", *_summary_lines(document), ""]
+    if document["missing"]:
+        lines += [f"**Not finished yet, left out of every number below "
+                  f"({len(document['missing'])} runs):** "
+                  f"{', '.join(document['missing'])}.", ""]
+    lines += ["## Verdicts", ""]
     for verdict in document["verdicts"]:
         lines.append(f"**{verdict['optimizer']}, d_k {verdict['key_dim']}**: "
                      f"{verdict['headline'] or 'no unscaled arm in the grid'}.")
@@ -155,45 +148,8 @@ def render_markdown(document):
               "Read it beside the best loss: an arm that learns at no rate "
               "has every loss near its loss at init, hence a low "
               "sensitivity.", ""]
-    for key, (name, caption) in FIGURES.items():
-        lines += [f"![{caption}](figures/{name})", ""]
+    for item in figures:
+        lines += [f"![{item['caption']}]({item['path']})", ""]
     lines += ["## At initialisation, per scale mode", "", *init, "",
               "## Every run", "", *runs, ""]
     return "\n".join(lines)
-
-
-def render_html(document, pngs):
-    """`sweep.html`: the report with the figures as data-URI PNGs."""
-    best, init, _ = _tables(document)
-
-    def table(lines):
-        rows = [line.strip("|").split("|") for line in lines]
-        head = "".join(f"<th>{html.escape(c.strip())}</th>" for c in rows[0])
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in row)
-            + "</tr>" for row in rows[2:])
-        return f"<table><tr>{head}</tr>{body}</table>"
-
-    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
-             "<title>Learning-rate sweep</title><style>body{font-family:sans-"
-             "serif;max-width:1200px;margin:auto}table{border-collapse:"
-             "collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
-             "</head><body><h1>Learning-rate sweep</h1>"]
-    parts += [f"<p>{html.escape(line)}</p>" for line in _summary_lines(document)]
-    parts.append("<h2>Verdicts</h2>")
-    for verdict in document["verdicts"]:
-        parts.append(f"<p><b>{html.escape(verdict['optimizer'])}, d_k "
-                     f"{verdict['key_dim']}</b>: "
-                     f"{html.escape(verdict['headline'] or 'no unscaled arm')}.</p><ul>"
-                     + "".join(f"<li>{html.escape(line)}</li>"
-                               for line in verdict["lines"]) + "</ul>")
-    parts += ["<h2>Best learning rate per arm</h2>", table(best)]
-    for key, (_, caption) in FIGURES.items():
-        if key in pngs:
-            data = base64.b64encode(pngs[key]).decode("ascii")
-            parts.append(f"<figure><img alt='{html.escape(caption)}' "
-                         f"src='data:image/png;base64,{data}'><figcaption>"
-                         f"{html.escape(caption)}</figcaption></figure>")
-    parts += ["<h2>At initialisation, per scale mode</h2>", table(init),
-              "</body></html>"]
-    return "\n".join(parts)

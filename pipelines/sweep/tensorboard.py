@@ -1,15 +1,13 @@
 """What a sweep adds to TensorBoard: each run's end metrics in
-`<run>/sweep/`, and the HParams experiment (arm, optimizer, learning rate,
-d_k, seed) at the sweep's root, so the parallel-coordinates view shows the
-whole grid. The runs' own logs are those `train` writes."""
+`<run>/sweep/`, the metrics of the HParams experiment that the grid declares
+at its root (`pipelines.engine`). The runs' own logs are those `train`
+writes."""
 
-import glob
 import math
 import os
 import shutil
 
 from keras_attention.events import SummaryWriter
-from pipelines import tensorboard as pipeline_tensorboard
 
 HPARAMS_GROUP = "sweep"
 
@@ -42,20 +40,6 @@ def write_run_metrics(run_dir, record):
                 writer.scalar(tag, float(value), record["steps"] or 0)
 
 
-def write_sweep_experiment(logdir, plan):
-    """Declares the sweep's HParams experiment at `logdir`, replacing the
-    one an earlier invocation wrote."""
-    for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
-        os.remove(path)
-    hparams = {
-        "arm": plan.arms,
-        "optimizer": plan.optimizers,
-        "learning_rate": [float(rate) for rate in plan.learning_rates],
-        "key_dim": plan.key_dims,
-        "seed": plan.seeds,
-        **dict.fromkeys(("scale", "qk_norm", "task", "d_model")),
-    }
-    metrics = [(tag, HPARAMS_GROUP, display)
-               for tag, (display, _) in END_METRICS.items()]
-    with SummaryWriter(logdir) as writer:
-        pipeline_tensorboard.write_experiment(writer, hparams, metrics)
+# The sweep's HParams metrics: (tag, group, display name).
+EXPERIMENT_METRICS = tuple((tag, HPARAMS_GROUP, display)
+                           for tag, (display, _) in END_METRICS.items())

@@ -1,6 +1,6 @@
-"""Compiled steps kept across the runs of a sweep that share their shapes.
+"""Compiled steps kept across the runs of a grid that share their shapes.
 
-A sweep trains many runs that differ only in their seed and learning rate.
+A grid trains many runs that differ only in their seed and learning rate.
 Built afresh, each would trace and XLA-compile its train step, trace its
 evaluation and its diagnostics probe, and build its optimizer: about 3.5 s
 per run at d_k 1024 on 2 CPU cores (measured: first step 2.1-2.5 s, of
@@ -16,7 +16,7 @@ group and, for each further run, only resets what a new run starts from:
   so the compiled step is not specialised on it.
 
 Runs trained this way end with the same weights as runs built afresh
-(`tests/test_sweep.py` checks it).
+(`tests/test_engine.py` checks it).
 """
 
 import keras

@@ -1,0 +1,233 @@
+"""The flags of every command that trains a grid (`compare`, `sweep`), and
+the plan they make.
+
+Every `train` flag is accepted, and every one that can be an axis takes a
+comma-separated list: `--num-layers 1,2,4,8` trains each depth, `--key-dim
+256,1024` (or `--key-dims`) each d_k, `--learning-rate 1e-3,3e-3` (or
+`--learning-rates`) each rate. A single value is a plain setting of every
+run, except for an axis of the preset, which it replaces. `--arms` and
+`--seeds` give the other two axes; the settings the arms set per run
+(`--scale`, `--qk-norm`, `--arm`) and `--seed` are refused as flags.
+
+Settings are layered as for `train` (`pipelines.config.resolve_config`),
+with the preset between the task defaults and the config file:
+
+    dataclass defaults < TASK_DEFAULTS[task] < preset < --config < flags
+"""
+
+import argparse
+import os
+
+from pipelines.common import UsageError
+from pipelines.common import check_writable_directory
+from pipelines.common import parse_count
+from pipelines.config import RUNTIME_FIELDS
+from pipelines.config import SETTINGS
+from pipelines.config import Layer
+from pipelines.config import resolve_config
+from pipelines.config_checks import SEED_LIMIT
+from pipelines.config_checks import flag
+from pipelines.engine.plan import Grid
+from pipelines.engine.presets import ARM_SETTINGS
+from pipelines.engine.presets import ARMS
+from pipelines.engine.shards import resolve_shard
+from pipelines.flags import add_train_arguments
+from pipelines.flags import settings_from_args
+
+# Settings that are never an axis: what the arms and `--seeds` set, what
+# names the grid, and how runs are executed and reported.
+_NOT_AXES = set(RUNTIME_FIELDS) | {"task", "backend", "seed", *ARM_SETTINGS}
+# The plural spellings of the usual axes.
+PLURALS = {"key_dim": "--key-dims", "learning_rate": "--learning-rates",
+           "optimizer": "--optimizers"}
+# A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
+# in a MemoryError building the list).
+MAX_SEEDS = 1000
+
+
+def _list_of(convert):
+    """An argparse `type=` for `V1,V2,...` whose items `convert` parses."""
+
+    def parse(text):
+        items = [item.strip() for item in str(text).split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(
+                f"must be a value or a comma-separated list; got {text!r}")
+        values = [convert(item) if convert else item for item in items]
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"lists a value twice: {text!r}")
+        return values
+
+    return parse
+
+
+def add_grid_arguments(parser, presets, default, preset_help):
+    """Adds the grid flags and every `train` flag (axes as lists).
+
+    Args:
+        parser: an `argparse.ArgumentParser`.
+        presets: `{name: Preset}` of the command.
+        default: the default preset's name.
+        preset_help: the `--preset` help text.
+    """
+    group = parser.add_argument_group("grid")
+    group.add_argument("--preset", default=default,
+                       metavar="{" + ",".join(presets) + "}", help=preset_help)
+    group.add_argument("--arms", metavar="A1,A2,...",
+                       help="arms, from: " + ", ".join(ARMS))
+    group.add_argument("--seeds", metavar="N|S1,S2,...",
+                       help="number of seeds (0..N-1) or a list of seeds")
+    group.add_argument("--jobs", metavar="N", help="worker processes, each "
+                       "training its share of the runs one after another "
+                       "(default: the preset's)")
+    group.add_argument("--shard", metavar="I/N", help="train only shard I "
+                       "of N (0 <= I < N); also read from SLURM_ARRAY_TASK_ID"
+                       " / SLURM_ARRAY_TASK_COUNT")
+    group.add_argument("--shard-count", metavar="N", help="the shard count "
+                       "of a Kubernetes Indexed Job (its index: "
+                       "JOB_COMPLETION_INDEX)")
+    group.add_argument("--report-only", action="store_true", help="train "
+                       "nothing: write the report from the finished runs and "
+                       "say which are missing")
+    add_train_arguments(parser)
+    # The list types wrap the train flags' own converters, so an item is
+    # parsed (and refused) exactly as the single value of `train` is.
+    for action in list(parser._actions):  # argparse has no public list
+        if action.dest in SETTINGS and action.dest not in _NOT_AXES and (
+                action.nargs != 0 and not isinstance(
+                    action, argparse.BooleanOptionalAction)):
+            action.type = _list_of(action.type)
+            action.help = (action.help or "") + "; a list V1,V2,... is an axis"
+            if action.dest in PLURALS:
+                group.add_argument(PLURALS[action.dest], dest=action.dest,
+                                   type=action.type, metavar="V1,V2,...",
+                                   help=f"the same as {action.option_strings[0]}")
+    return parser
+
+
+def parse_arms(text):
+    """`"scaled,unscaled"` -> `["scaled", "unscaled"]`, or `UsageError`
+    listing the known arms."""
+    arms = [part.strip() for part in str(text).split(",") if part.strip()]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if not arms or unknown:
+        raise UsageError(
+            f"--arms: unknown arm(s) {', '.join(unknown) or repr(text)}; "
+            f"known arms: {', '.join(ARMS)}"
+        )
+    if len(set(arms)) != len(arms):
+        raise UsageError(f"--arms lists an arm twice: {text!r}")
+    return arms
+
+
+def parse_seeds(text, flag_name="--seeds"):
+    """`"3"` -> `[0, 1, 2]`; `"0,5,7"` -> `[0, 5, 7]`."""
+    text = str(text).strip()
+    if "," in text:
+        try:
+            seeds = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            seeds = None
+        if (not seeds or min(seeds) < 0 or max(seeds) > SEED_LIMIT
+                or len(set(seeds)) != len(seeds)):
+            raise UsageError(
+                f"{flag_name} must be a count or a list of distinct integers "
+                f"in [0, {SEED_LIMIT}]; got {text!r}"
+            )
+        return seeds
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_SEEDS:
+        raise UsageError(
+            f"{flag_name} must be a count in [1, {MAX_SEEDS}] or a "
+            f"comma-separated list of seeds; got {text!r}"
+        )
+    return list(range(count))
+
+
+def _refuse_per_run_flags(args, command):
+    for name in (*ARM_SETTINGS, "seed", "export"):
+        if getattr(args, name, None) is None:
+            continue
+        if name == "export":
+            raise UsageError(f"--export is not supported by {command}; export "
+                             "a finished run with keras-attention export")
+        raise UsageError(f"{flag(name)} is set per run by {command}; use "
+                         + ("--seeds" if name == "seed" else "--arms"))
+
+
+def _sorted(values):
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    return sorted(values) if numeric else list(values)
+
+
+def _axes(args, preset):
+    """The axes the flags and the preset give, in name order (the user's
+    own axes first, the preset's, then the seed); a list flag's values are
+    taken out of `args`, a single value stays a setting."""
+    user = {}
+    for name in SETTINGS:
+        values = getattr(args, name, None)
+        if not isinstance(values, list):
+            continue
+        if len(values) > 1 or name in preset.axes:
+            user[name] = _sorted(values)
+            setattr(args, name, None)
+        else:
+            setattr(args, name, values[0])
+    axes = {name: values for name, values in user.items()
+            if name not in preset.axes}
+    axes.update({name: user.get(name, list(values))
+                 for name, values in preset.axes.items()})
+    axes["seed"] = (parse_seeds(args.seeds) if args.seeds
+                    else list(range(preset.seeds)))
+    return axes, set(user)
+
+
+def plan_grid(args, command, presets, default_logdir, order=()):
+    """Builds and checks the `Grid` of parsed grid flags.
+
+    Raises:
+        UsageError: on any bad flag, before anything is written.
+    """
+    if args.preset not in presets:
+        raise UsageError(f"--preset must be one of {', '.join(presets)}; got "
+                         f"{args.preset!r}")
+    preset = presets[args.preset]
+    _refuse_per_run_flags(args, command)
+    axes, given_axes = _axes(args, preset)
+    user = settings_from_args(args)
+    task = preset.task
+    for layer in user:
+        task = layer.values.get("task", task)
+    # A grid reports its own progress: its runs are quiet.
+    preset_layer = Layer(f"preset {args.preset}",
+                         {**preset.layer_values(task), "verbose": 0})
+    logdir = args.logdir or default_logdir
+    check_writable_directory(logdir, "--logdir")
+    given = {name: values[-1] for name, values in axes.items() if name != "seed"}
+    base = resolve_config([preset_layer, *user,
+                           Layer(command, {"logdir": logdir, **given})])
+    grid = Grid(
+        command=command, logdir=logdir, base=base,
+        arms=parse_arms(args.arms) if args.arms else list(preset.arms),
+        axes=axes, preset=args.preset,
+        # The preset's init-only values are its own: an axis the user gives
+        # is trained at every value.
+        trained={name: values for name, values in preset.trained.items()
+                 if name not in given_axes},
+        jobs=parse_count(args.jobs, "--jobs", 1) if args.jobs else preset.jobs,
+        shard=resolve_shard(args.shard, args.shard_count, os.environ),
+        report_only=args.report_only, options=dict(preset.options),
+        order=order,
+    )
+    return grid
+
+
+def check_runs(grid):
+    """Validates every run's own config (`UsageError` naming the flag)."""
+    for run in grid.runs():
+        run.config.validate()
+    return grid

@@ -1,0 +1,224 @@
+"""The arms of a grid and the ready-made grids (presets) of `compare` and
+`sweep`, from one table.
+
+An arm is what one run changes in the training config (the scale, q/k
+normalization, the W_Q, W_K gain). A preset is a whole grid: its axes, arms,
+seeds and the training settings under which the lesson's claims can be
+measured. A preset's settings are laid over `TASK_DEFAULTS[task]` (see
+`pipelines.config`), so every value a preset gives is one where the
+comparison deliberately differs from a plain `train`, with the reason
+beside it.
+"""
+
+import dataclasses
+
+from pipelines.config import TASK_DEFAULTS
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of a grid: what it changes in the training config.
+
+    Attributes:
+        name: the arm's name on the command line and in run directories.
+        description: one line for the report.
+        scale: the attention `scale` of the arm.
+        qk_norm: whether queries and keys are layer-normalized.
+        gain_exponent: W_Q and W_K are multiplied by `key_dim ** exponent`
+            (on top of `--qk-init-gain`).
+    """
+
+    name: str
+    description: str
+    scale: str = "sqrt"
+    qk_norm: bool = False
+    gain_exponent: float = 0.0
+
+    def overrides(self, key_dim, base_gain):
+        """The `TrainConfig` fields this arm sets for `key_dim`."""
+        return {
+            "scale": self.scale,
+            "qk_norm": self.qk_norm,
+            "qk_init_gain": float(base_gain) * float(key_dim) ** self.gain_exponent,
+            "arm": self.name,
+        }
+
+
+ARMS = {
+    arm.name: arm
+    for arm in (
+        Arm("scaled", "softmax(QKᵀ/√d_k)V, the standard attention"),
+        Arm("unscaled", "softmax(QKᵀ)V: the same model without the scale",
+            scale="none"),
+        Arm("learned", "a learned scalar scale, starting at 1/√d_k",
+            scale="learned"),
+        Arm("inverse", "softmax(QKᵀ/d_k)V: μP's attention scale",
+            scale="inverse"),
+        Arm("qk_norm", "scaled, with layer-normalized queries and keys",
+            qk_norm=True),
+        Arm("saturated_init",
+            "scaled, with W_Q, W_K × d_k^¼: the scaled model started from "
+            "the unscaled model's saturated scores", gain_exponent=0.25),
+        Arm("compensated_init",
+            "unscaled, with W_Q, W_K × d_k^−¼: the unscaled model started "
+            "from the scaled model's unsaturated scores", scale="none",
+            gain_exponent=-0.25),
+    )
+}
+
+# Settings the arms set per run: a grid refuses them as flags.
+ARM_SETTINGS = ("scale", "qk_norm", "arm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A ready-made grid.
+
+    Attributes:
+        task: the task whose defaults `settings` are laid over.
+        settings: `TrainConfig` fields where the grid differs from
+            `TASK_DEFAULTS[task]`; the config file and flags override them.
+        axes: `{setting: values}`, the grid's axes besides arms and seeds.
+        arms: arm names.
+        seeds: number of seeds (0 .. seeds - 1).
+        expected: the expected wall time, for `--help` and the report.
+        trained: `{setting: values}`: runs with other values of the setting
+            are measured at init only (compare's cheap init statistics).
+        jobs: runs trained at once by default.
+        options: the report's own options (`variance_samples`, ...).
+    """
+
+    task: str
+    settings: dict
+    axes: dict
+    arms: tuple
+    seeds: int
+    expected: str
+    trained: dict = dataclasses.field(default_factory=dict)
+    jobs: int = 1
+    options: dict = dataclasses.field(default_factory=dict)
+
+    def layer_values(self, task):
+        """The settings this preset gives a grid on `task`: all of them on
+        its own task; on another, only the schedule (the model and optimizer
+        of the preset suit its task, the others keep their own defaults)."""
+        if task == self.task:
+            return {"task": self.task, **self.settings}
+        return {name: self.settings[name] for name in SCHEDULE_FIELDS
+                if name in self.settings}
+
+
+# The settings a preset keeps when the task is not its own.
+SCHEDULE_FIELDS = ("steps", "eval_every", "diagnostics_every",
+                   "checkpoint_every", "heldout_size")
+
+# Where the comparison differs from `TASK_DEFAULTS["recall"]`, and why. The
+# task defaults make a plain `train` at d_k 64 reach 100% from step 600; the
+# comparison trains at d_k up to 4096 and measures what the scale does to
+# the gradients, so:
+_COMPARISON = dict(
+    # A constant rate without warmup: every arm sees the same rate at every
+    # step, so the curves differ by the scale alone and not by where a run
+    # is in a schedule; and the first steps, where unscaled attention
+    # starts saturated, are not softened by a small warm-up rate.
+    learning_rate=0.01,
+    warmup_steps=0,
+    lr_schedule="constant",
+    # The values do not enter the scores; keeping them at d_model instead of
+    # d_k halves the cost of a step at large d_k.
+    value_dim=64,
+    # XLA: measured on one CPU core, a d_k 1024 step takes 111 ms compiled
+    # against 147 ms without, which pays for the compile within a run.
+    jit_compile="on",
+)
+assert TASK_DEFAULTS["recall"]["optimizer"] == "sgd", (
+    "the comparison's claims are about raw gradients: SGD, which does not "
+    "rescale them per parameter as Adam does")
+
+_INIT_KEY_DIMS = (16, 64, 256, 1024, 4096)
+
+COMPARE_PRESETS = {
+    # The README's demo: init statistics at four d_k (cheap), training at
+    # the largest with three seeds.
+    "default": Preset(
+        task="recall",
+        settings=dict(
+            _COMPARISON,
+            # 21 points a curve (step 0 and every 50). A diagnostics call
+            # (probe, dashboard summary, TensorBoard summaries) took 30-43
+            # ms at d_k 1024 against 17-20 ms a step (bench_train's
+            # instrument, 2 shared cores): 2.9-4.8% of training time.
+            eval_every=50,
+            diagnostics_every=50,
+            checkpoint_every=500,
+            heldout_size=512,
+        ),
+        axes={"key_dim": (16, 64, 256, 1024)},
+        trained={"key_dim": (1024,)},
+        arms=("scaled", "unscaled"),
+        seeds=3,
+        options={"variance_samples": 20000},
+        # Six runs of 1000 steps at d_k 1024, about 16 s each with XLA on 2
+        # idle cores; init probes, figures and the report take the rest.
+        expected="about 2-3 minutes on 2 idle CPU cores",
+    ),
+    # Every arm trained at every d_k, five seeds: for a GPU, or a CPU with
+    # time to spare (use --jobs N to run N runs at once).
+    "full": Preset(
+        task="recall",
+        settings=dict(_COMPARISON, steps=2000, eval_every=100,
+                      diagnostics_every=100, checkpoint_every=500,
+                      heldout_size=1024),
+        axes={"key_dim": _INIT_KEY_DIMS},
+        arms=tuple(ARMS),
+        seeds=5,
+        options={"variance_samples": 20000},
+        expected=(
+            "175 runs of 2000 steps; roughly 30-60 minutes on one GPU with "
+            "--jobs 4 (an estimate: a step of this small model is "
+            "overhead-bound on a GPU), many hours on a 2-core CPU"
+        ),
+    ),
+}
+
+SWEEP_PRESETS = {
+    # The question at d_k 1024 within minutes on 2 CPU cores: both
+    # optimizers, five learning rates from 1e-4 to 3e-1, and 1000 steps, the
+    # budget of the comparison. Measured on the first grid (3e-4 .. 3e-1):
+    # the scaled model reaches the target with Adam at 3e-4 and 3e-3 and
+    # with SGD (momentum 0.9) at 3e-2 only, and fails at 3e-1 with both, so
+    # its working range is bracketed on both sides for SGD; unscaled
+    # attention reached the target on one seed with Adam at 3e-4, the edge
+    # of that grid, so 1e-4 brackets the Adam side too. Two seeds give a
+    # spread. Diagnostics every 500 steps (a sweep reads only the end ones)
+    # and evaluations every 100: measured on this grid at the comparison's
+    # every 50 steps, the per-run overhead was 21% of the training time.
+    "quick": Preset(
+        task="recall",
+        settings=dict(COMPARE_PRESETS["default"].settings, steps=1000,
+                      eval_every=100, diagnostics_every=500),
+        axes={"optimizer": ("sgd", "adam"),
+              "learning_rate": (1e-4, 3e-4, 3e-3, 3e-2, 3e-1),
+              "key_dim": (1024,)},
+        arms=("scaled", "unscaled"),
+        seeds=2,
+        jobs=2,
+        options={"init_key_dims": _INIT_KEY_DIMS, "init_seeds": 3},
+        expected="40 runs of 1000 steps at d_k 1024, about 7 minutes on "
+        "2 idle CPU cores",
+    ),
+    # The grid of the question as a paper would run it: for a GPU.
+    "full": Preset(
+        task="recall",
+        settings=dict(COMPARE_PRESETS["full"].settings, steps=1000,
+                      diagnostics_every=500),
+        axes={"optimizer": ("sgd", "adam"),
+              "learning_rate": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+              "key_dim": (256, 1024)},
+        arms=("scaled", "unscaled", "qk_norm", "inverse"),
+        seeds=3,
+        jobs=2,
+        options={"init_key_dims": _INIT_KEY_DIMS, "init_seeds": 5},
+        expected="336 runs of 1000 steps: an hour or two on one GPU",
+    ),
+}

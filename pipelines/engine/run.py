@@ -1,0 +1,145 @@
+"""Running a grid: train what is missing, then write the report once every
+run is finished.
+
+`run_grid(grid, report)` checks every run directory before any lock is
+taken, trains the shard's runs that are not complete (`runner`), and calls
+`report(grid, missing, timing, log)` under the lock of the grid's root. A
+whole grid in one process holds that lock throughout, as one run holds its
+directory's. Shards of one grid train side by side, each run under its own
+directory's lock, and take the root's lock only to write the report: the
+shard that finds every run finished writes it. `--report-only` writes it
+from whatever is finished and names the missing runs.
+"""
+
+import glob
+import os
+import time
+
+from keras_attention.events import SummaryWriter
+from pipelines.common import UsageError
+from pipelines.engine.progress import Progress
+from pipelines.engine.runner import PENDING_DIR
+from pipelines.engine.runner import in_runner_order
+from pipelines.engine.runner import train_runs
+from pipelines.engine.shards import shard_block
+from pipelines.locks import RunDirectoryBusy
+from pipelines.locks import owning_logdir
+from pipelines.run_dir import completed_metrics
+from pipelines.run_dir import config_mismatch
+from pipelines.tensorboard import write_experiment
+
+
+def check_run_directory(run):
+    """Raises `UsageError` when the run's directory holds another run."""
+    mismatch = config_mismatch(run.config.logdir, run.config)
+    if mismatch is not None:
+        raise UsageError(
+            f"{run.config.logdir} holds a run with a different config "
+            f"({mismatch}); use a new --logdir"
+        )
+
+
+def is_complete(run):
+    """Whether the run has finished all its steps (or stopped on a
+    non-finite loss, which training again would only repeat)."""
+    return completed_metrics(run.config) is not None
+
+
+def _train(grid, log):
+    """Trains the shard's incomplete runs; returns the timing record."""
+    started = time.time()
+    runs = shard_block(in_runner_order(grid.trained_runs()), grid.shard)
+    todo = [run for run in runs if not is_complete(run)]
+    where = ("" if grid.shard.source is None else
+             f" of shard {grid.shard.index}/{grid.shard.count}")
+    if len(runs) > len(todo):
+        log(f"{len(runs) - len(todo)} of {len(runs)} runs{where} already "
+            "complete; skipped")
+    os.makedirs(grid.logdir, exist_ok=True)
+    pending = os.path.join(grid.logdir, PENDING_DIR)
+    if grid.shard.source is not None:
+        pending = os.path.join(pending, f"shard{grid.shard.index}")
+    progress = Progress({run.name: run.config.steps for run in todo},
+                        len(runs), log)
+    trained = train_runs(todo, grid.jobs, pending, progress)
+    trained.update(skipped=len(runs) - len(todo),
+                   train_wall_time_s=time.time() - started)
+    return trained
+
+
+def _report(grid, report, timing, log):
+    missing = [run.name for run in grid.trained_runs()
+               if not is_complete(run)]
+    if missing and not grid.report_only:
+        log(f"{len(missing)} of {len(grid.trained_runs())} runs are not "
+            "finished yet (other shards): the shard that finishes the last "
+            "one writes the report, or run again with --report-only")
+        return None
+    if missing:
+        log(f"report over the finished runs; missing: {', '.join(missing)}")
+    return report(grid.without(missing), missing, timing, log)
+
+
+def run_grid(grid, report, log=print):
+    """Trains the grid's missing runs (this shard's) and writes its report.
+
+    Args:
+        grid: a checked `Grid` (`flags.plan_grid`, `flags.check_runs`).
+        report: `report(grid, missing, timing, log)` writes the documents
+            of the finished runs and returns the main one.
+        log: receives progress lines.
+
+    Returns:
+        What `report` returned, or None when runs of other shards are not
+        finished yet.
+
+    Raises:
+        RunDirectoryBusy: when another process holds the grid's root (a
+            whole grid), or a run directory is another grid's.
+        EnvironmentFailure: when a write is refused or runs failed.
+    """
+    # Refused before any lock is taken: a refused rerun leaves `.lock` (and
+    # the pid in it) as it was.
+    for run in grid.trained_runs():
+        check_run_directory(run)
+    if grid.shard.source is None and not grid.report_only:
+        with owning_logdir(grid.logdir):
+            return _report(grid, report, _train(grid, log), log)
+    timing = None if grid.report_only else _train(grid, log)
+    try:
+        with owning_logdir(grid.logdir):
+            return _report(grid, report, timing, log)
+    except RunDirectoryBusy:
+        if grid.report_only:
+            raise
+        log("another process is writing the report")
+        return None
+
+
+# The HParams every grid declares besides its axes (any value): what an arm
+# sets, and what tells two grids apart.
+_OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
+                  "d_model")
+
+
+def write_grid_experiment(grid, metrics):
+    """Declares the grid's HParams experiment at its root (replacing the one
+    an earlier invocation wrote): the arms and every axis (its trained
+    values), so the parallel-coordinates view shows the whole grid.
+
+    Args:
+        grid: the `Grid`.
+        metrics: `(tag, group, display_name)` of the report's metrics.
+    """
+    for path in glob.glob(os.path.join(grid.logdir, "events.out.tfevents.*")):
+        os.remove(path)
+    hparams = {"arm": list(grid.arms)}
+    for name in grid.axes:
+        values = grid.trained_axis(name)
+        hparams[name] = ([float(v) for v in values]
+                         if any(isinstance(v, float) for v in values)
+                         else list(values))
+    hparams.update({name: None for name in _OTHER_HPARAMS
+                    if name not in hparams})
+    with SummaryWriter(grid.logdir) as writer:
+        write_experiment(writer, hparams, metrics)

@@ -1,0 +1,103 @@
+"""The one plotting style of the reports: matplotlib's object-oriented API
+on Agg canvases (no pyplot, no global backend switch), one colour per arm
+in every report, and figures saved as PNG for the Markdown report and as
+SVG text for the self-contained HTML page.
+
+A report's figure functions take its JSON document's data and return a
+`Figure`, so what is plotted can be read back and checked against the
+JSON; `write_figures` saves them all.
+"""
+
+import io
+import os
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pipelines.common import write_bytes_atomic
+from pipelines.engine.presets import ARMS
+
+FIGURE_DIR = "figures"
+_PNG_DPI = 120
+# Scale modes share their arm's colour (sqrt is the scaled arm's, ...).
+_MODE_ARMS = {"sqrt": "scaled", "none": "unscaled"}
+
+
+def new_figure(width=6.4, height=4.0, rows=1, columns=1):
+    """`(figure, axes)`: a constrained-layout figure on an Agg canvas and
+    its `rows` x `columns` array of axes."""
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    return figure, axes
+
+
+def colour(name):
+    """The colour of an arm (or of a scale mode, or any other series): the
+    same in every figure of every report."""
+    palette = matplotlib.colormaps["tab10"].colors
+    names = list(ARMS)
+    name = _MODE_ARMS.get(name, name)
+    index = names.index(name) if name in names else len(names) + sum(
+        map(ord, str(name)))
+    return palette[index % len(palette)]
+
+
+def log2_axis(ax, values, label="d_k (key dimension)"):
+    """A log-2 x axis with a tick at each of `values`."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def draw_figures(table, document):
+    """`[(name, caption, Figure)]` of a report's figure table `[(name,
+    caption, draw)]`, leaving out those `draw(document)` has no data for
+    (it returns None)."""
+    made = []
+    for name, caption, draw in table:
+        figure = draw(document)
+        if figure is not None:
+            made.append((name, caption, figure))
+    return made
+
+
+def figure_svg(figure):
+    """The figure as SVG markup for inlining in HTML: text kept as text, no
+    XML prologue, DOCTYPE or metadata (whose namespace addresses would be
+    the page's only http references)."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none",
+                                "svg.hashsalt": "report"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg"):]
+    start, end = text.find("<metadata>"), text.find("</metadata>")
+    if start != -1:
+        text = text[:start] + text[end + len("</metadata>"):]
+    for attribute in (' xmlns:xlink="http://www.w3.org/1999/xlink"',
+                      ' xmlns="http://www.w3.org/2000/svg"'):
+        text = text.replace(attribute, "")
+    return text
+
+
+def write_figures(logdir, made):
+    """Saves each `(name, caption, Figure)` of `made` as
+    `figures/<name>.png` under `logdir`.
+
+    Returns:
+        `[{"name", "caption", "path", "svg"}]`; `path` is relative to
+        `logdir`.
+    """
+    os.makedirs(os.path.join(logdir, FIGURE_DIR), exist_ok=True)
+    written = []
+    for name, caption, figure in made:
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=_PNG_DPI)
+        path = f"{FIGURE_DIR}/{name}.png"
+        write_bytes_atomic(os.path.join(logdir, path), buffer.getvalue())
+        written.append({"name": name, "caption": caption, "path": path,
+                        "svg": figure_svg(figure)})
+    return written
