@@ -165,14 +165,14 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
         with writing_run(config.logdir, devices.chief):
             metrics, model = _train(
                 config, devices, start_time, hparams_experiment, reuse,
-                progress or (lambda step: None))
+                on_log=progress or (lambda step: None))
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics
 
 
 def _train(config, devices, start_time, hparams_experiment, reuse,
-           progress):
+           on_log):
     logdir, steps, chief = config.logdir, config.steps, devices.chief
     task = build_task(config)
 
@@ -237,7 +237,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
             mean_loss = _log_window(window, step, clock, schedule, logs.train,
                                     progbar, config.batch_size)
             window = []
-            progress(step)
+            on_log(step)
             if not math.isfinite(mean_loss):
                 progress.diverged_at = step
                 break

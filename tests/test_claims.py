@@ -1,6 +1,6 @@
 """The claims, their verdicts and the report, from hand-made run records.
 
-No training: each test builds a `ComparisonPlan` and the results dict that
+No training: each test builds a comparison's `Grid` and the results dict that
 `compare.measure.collect` would return, then checks the claim statistics
 and the verdict texts against numbers computed here.
 """
@@ -11,7 +11,6 @@ import statistics
 import pytest
 
 from keras_attention.diagnostics import SUMMARY_KEYS
-from pipelines.compare import ComparisonPlan
 from pipelines.compare import evaluate_claims
 from pipelines.compare import render_report
 from pipelines.compare.claims import learning_claim
@@ -25,6 +24,7 @@ from pipelines.compare.verdicts import status_word
 from pipelines.compare.verdicts import variance_verdict
 from pipelines.config import Layer
 from pipelines.config import resolve_config
+from pipelines.engine import Grid
 
 KEY_DIMS = [16, 64]
 TRAINED = 64
@@ -36,10 +36,10 @@ def _plan(arms=("scaled", "unscaled"), train_key_dims=(TRAINED,)):
     base = resolve_config(
         [Layer("test", {"target_accuracy": TARGET, "logdir": "unused"})]
     )
-    return ComparisonPlan(logdir="unused", base=base, arms=list(arms),
-                          key_dims=list(KEY_DIMS),
-                          train_key_dims=list(train_key_dims),
-                          seeds=list(SEEDS))
+    return Grid(command="compare", logdir="unused", base=base,
+                arms=list(arms),
+                axes={"key_dim": list(KEY_DIMS), "seed": list(SEEDS)},
+                trained={"key_dim": list(train_key_dims)})
 
 
 def _summary(arm, key_dim, seed):

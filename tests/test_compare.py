@@ -27,6 +27,7 @@ from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
 from pipelines import compare
 from pipelines.config import TrainConfig
+from pipelines.engine import ARMS as ALL_ARMS
 from pipelines.tensorboard import read_event_scalars
 
 ARMS = ("scaled", "unscaled")
@@ -263,7 +264,7 @@ def test_run_directory_with_another_config_is_refused(comparison, capsys):
     "flags, message",
     [
         (["--arms", "scaled,warp"], "known arms: scaled, unscaled, learned"),
-        (["--key-dim", "64"], "--key-dims"),
+        (["--export", "model.keras"], "keras-attention export"),
         (["--seed", "1"], "--seeds"),
         (["--scale", "none"], "--arms"),
         (["--seeds", "0"], "--seeds"),
@@ -288,7 +289,7 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
     args = parser.parse_args(["compare", "--logdir", str(tmp_path / "d")])
     plan = compare.plan_from_args(args)
     trained = [spec for spec in plan.runs() if spec.trained]
-    assert plan.key_dims == [16, 64, 256, 1024]
+    assert plan.axis("key_dim") == [16, 64, 256, 1024]
     assert {(s.arm, s.key_dim) for s in trained} == {
         ("scaled", 1024), ("unscaled", 1024)
     }
@@ -299,7 +300,7 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
                                                              "sgd")
 
     args = parser.parse_args(
-        ["compare", "--arms", ",".join(compare.ARMS), "--key-dims", "256",
+        ["compare", "--arms", ",".join(ALL_ARMS), "--key-dims", "256",
          "--logdir", str(tmp_path / "e")]
     )
     plan = compare.plan_from_args(args)
@@ -325,7 +326,7 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
                               "--logdir", str(tmp_path / "f")])
     plan = compare.plan_from_args(args)
     assert all(spec.trained for spec in plan.runs())
-    assert set(plan.arms) == set(compare.ARMS)
+    assert set(plan.arms) == set(ALL_ARMS)
 
 
 def test_a_config_file_value_equal_to_the_default_beats_the_preset(tmp_path):
@@ -337,7 +338,7 @@ def test_a_config_file_value_equal_to_the_default_beats_the_preset(tmp_path):
     args = parser.parse_args(["compare", "--config", str(path),
                               "--logdir", str(tmp_path / "d")])
     plan = compare.plan_from_args(args)
-    preset = compare.PRESETS["default"].train
+    preset = compare.PRESETS["default"].settings
     assert preset["diagnostics_every"] != 250
     for spec in plan.runs():
         assert spec.config.diagnostics_every == 250

@@ -71,6 +71,9 @@ FLOORS = {
     "pipelines.train": 3,
     "pipelines.export": 3,
     "pipelines.variance": 3,
+    "pipelines.engine": 3,
+    "pipelines.page": 3,
+    "pipelines.plotting": 3,
     "pipelines.compare": 3,
     "pipelines.sweep": 3,
     # 4, the command line.

@@ -22,11 +22,10 @@ from keras_attention.recording import record_attention
 from pipelines import cli
 from pipelines.builders import build_model
 from pipelines.builders import build_task
-from pipelines.compare.runner import train_one
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.common import OneLineErrorParser
-from pipelines.devices import open_run_devices
+from pipelines.plotting import figure_svg
 from pipelines.sweep import figures
 from pipelines.sweep.analysis import lr_sensitivity
 from pipelines.sweep.analysis import sensitivities
@@ -34,8 +33,6 @@ from pipelines.sweep.analysis import best_rates
 from pipelines.sweep.analysis import verdicts
 from pipelines.sweep.init_picture import growth_exponents
 from pipelines.sweep.init_picture import measure_init
-from pipelines.sweep.reuse import CompiledRuns
-from pipelines.sweep.runner import shares
 from pipelines.tensorboard import read_event_scalars
 from pipelines.train import train
 
@@ -104,7 +101,8 @@ def test_grid_is_the_product_with_each_run_configured():
     plan = cli.sweep.plan_from_args(args)
     runs = plan.runs()
     assert len(runs) == 3 * 2 * 2 * 2 * 2
-    assert plan.learning_rates == [1e-4, 3e-3] and plan.key_dims == [16, 64]
+    assert plan.axis("learning_rate") == [1e-4, 3e-3]
+    assert plan.axis("key_dim") == [16, 64]
     keys = {(r.arm, r.optimizer, r.learning_rate, r.key_dim, r.seed)
             for r in runs}
     assert len(keys) == len(runs)
@@ -126,52 +124,6 @@ def test_scale_inverse_on_train():
     add_train_arguments(parser)
     config = config_from_args(parser.parse_args(["--scale", "inverse"]))
     assert config.scale == "inverse"
-
-
-# ----------------------------------------------------------------- reuse
-def test_reused_compiled_step_trains_like_a_fresh_run(tiny_config, tmp_path):
-    configs = [
-        tiny_config(steps=15, seed=seed, learning_rate=rate, optimizer="adam",
-                    lr_schedule="constant", warmup_steps=0, jit_compile="off",
-                    logdir=str(tmp_path / f"fresh{seed}"))
-        for seed, rate in ((0, 3e-2), (1, 1e-3))
-    ]
-    # The second run, built afresh; the reused sequence builds only the first.
-    fresh = train_one(configs[1])["heldout_loss"]
-    reuse = CompiledRuns()
-    reused = [
-        train(config.replace(logdir=config.logdir + "-reused"),
-              hparams_experiment=False, reuse=reuse)["heldout_loss"]
-        for config in configs
-    ]
-    tracing = reuse._parts.steps._train_step.experimental_get_tracing_count()
-    keras.backend.clear_session()
-    assert (reuse.builds, reuse.reuses) == (1, 1) and tracing == 1
-    np.testing.assert_allclose(reused[1], fresh, rtol=1e-5)
-    # Different seeds and rates train differently: the reset is not a no-op.
-    assert abs(reused[0] - reused[1]) > 1e-3
-
-
-def test_reuse_rebuilds_when_the_shapes_change(tiny_config, tmp_path):
-    reuse = CompiledRuns()
-    first = tiny_config(key_dim=8)
-    strategy = open_run_devices(first)[1]
-    task = build_task(first)
-    parts = reuse(first, strategy, task)
-    assert reuse(first.replace(seed=3, learning_rate=0.5), strategy,
-                 task) is parts
-    other = reuse(first.replace(key_dim=16), strategy, task)
-    assert other is not parts and (reuse.builds, reuse.reuses) == (2, 1)
-    keras.backend.clear_session()
-
-
-def test_shares_keep_shape_groups_together(tiny_config):
-    configs = [tiny_config(key_dim=d, seed=s) for d in (8, 16) for s in range(3)]
-    two = shares(configs, 2)
-    assert sorted(len(s) for s in two) == [3, 3]
-    assert all(len({c.key_dim for c in share}) == 1 for share in two)
-    four = shares(configs, 4)
-    assert len(four) == 4 and sum(len(s) for s in four) == 6
 
 
 # ------------------------------------------------------------ the sweep
@@ -224,7 +176,8 @@ def test_html_is_self_contained(tiny_sweep):
     logdir = tiny_sweep[0]
     page = open(os.path.join(logdir, "sweep.html")).read()
     assert "http://" not in page and "https://" not in page
-    assert page.count("src='data:image/png;base64,") == 3  # no init figure
+    # The figures inline as SVG (no init figure without init key dims).
+    assert page.count("<svg") == 3 and "<script" not in page
 
 
 def test_hparams_experiment_and_end_metrics(tiny_sweep):
@@ -252,7 +205,7 @@ def test_lr_figure_plots_the_json(tiny_sweep):
             assert xs == curve["learning_rates"]
             np.testing.assert_allclose(ys, curve[metric]["mean"])
         assert ax.get_xscale() == "log"
-    figures.png_bytes(figure)
+    assert figure_svg(figure).startswith("<svg")
 
 
 def test_sensitivity_figure_plots_the_json(tiny_sweep):
@@ -261,7 +214,7 @@ def test_sensitivity_figure_plots_the_json(tiny_sweep):
     heights = sorted(patch.get_height() for patch in figure.axes[0].patches)
     np.testing.assert_allclose(
         heights, sorted(s["mean"] for s in document["sensitivity"]))
-    figures.png_bytes(figure)
+    assert figure_svg(figure).startswith("<svg")
 
 
 # ------------------------------------------------- analysis by hand
@@ -390,4 +343,4 @@ def test_init_picture_growth_follows_the_scale(tiny_config):
             np.asarray(data_line.get_ydata(), float),
             [r["score_std"]["mean"] for r in rows if r["mode"] == mode])
     assert {c.get_label() for c in figure.axes[0].containers} == set(slopes)
-    figures.png_bytes(figure)
+    assert figure_svg(figure).startswith("<svg")

@@ -225,7 +225,8 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
     over the finished ones)."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
     if missing:
-        lines += [f"**Not finished yet, left out of every number below "
+        lines += [f"**Not finished yet: measured at init only, left out of "
+                  f"every training number "
                   f"({len(missing)} runs):** {', '.join(missing)}.", ""]
     lines += _verdict_section(plan, claims, variance_rows)
     lines += _figure_lines(figures, page)

@@ -152,9 +152,10 @@ class Grid:
         return Run(arm, values, config, trained)
 
     def without(self, names):
-        """A copy whose runs leave out the runs named in `names` (a report
-        over the runs that are finished)."""
+        """A copy in which the runs named in `names` are not trained (a
+        report over the finished runs measures those at init only)."""
         names = set(names)
         copy = dataclasses.replace(self, _runs=None)
-        copy._runs = [run for run in self.runs() if run.name not in names]
+        copy._runs = [dataclasses.replace(run, trained=False)
+                      if run.name in names else run for run in self.runs()]
         return copy

@@ -76,7 +76,8 @@ def _report(grid, report, timing, log):
             "one writes the report, or run again with --report-only")
         return None
     if missing:
-        log(f"report over the finished runs; missing: {', '.join(missing)}")
+        log(f"report over the finished runs; not finished (measured at init "
+            f"only): {', '.join(missing)}")
     return report(grid.without(missing), missing, timing, log)
 
 

@@ -92,7 +92,7 @@ def report(plan, missing, timing, log=print, started=None):
     `pipelines.compare.report`)."""
     wall_started, cpu_started = started or (time.time(), _cpu_seconds())
     records = []
-    for run in plan.runs():
+    for run in plan.trained_runs():
         record = run_record(run)
         write_run_metrics(run.config.logdir, record)
         records.append(record)
