@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional, Union
 import keras
 
 from keras_attention.layer import IMPLEMENTATIONS
-from keras_attention.models import NORM_MODES
+from keras_attention.transformer_block import NORM_MODES
 from keras_attention.validation import is_int
 from pipelines.backends import BACKENDS
 from pipelines.common import UsageError
