@@ -57,6 +57,7 @@ FLOORS = {
     # 3, the pipelines.
     "pipelines": 3,
     "pipelines.common": 3,
+    "pipelines.settings": 3,
     "pipelines.config": 3,
     "pipelines.config_checks": 3,
     "pipelines.flags": 3,
