@@ -284,3 +284,17 @@ def test_hparams_are_the_declared_settings_one_type_per_name():
     assert "arm" not in hparams  # None: not logged.
     assert hparams_of(config.replace(arm="a"))["arm"] == "a"
     assert "steps" not in hparams
+
+
+def test_a_stored_config_without_a_newer_setting_matches_its_default(
+    tmp_path
+):
+    # A run made before a setting existed ran as its default does.
+    config = resolve_config([Layer("t", {"logdir": str(tmp_path)})])
+    stored = config.to_dict()
+    del stored["norm"]
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    assert config.norm == TrainConfig().norm == "pre"
+    assert config_mismatch(str(tmp_path), config) is None
+    mismatch = config_mismatch(str(tmp_path), config.replace(norm="post"))
+    assert mismatch[:3] == ("norm", "pre", "post")
