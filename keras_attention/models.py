@@ -23,12 +23,16 @@ from keras_attention.initializers import PerCallInitializer
 from keras_attention.transformer_block import LAYER_NORM_EPSILON
 from keras_attention.transformer_block import TransformerBlock
 from keras_attention.validation import check_bool
+from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
 from keras_attention.validation import check_positive_real
 from keras_attention.validation import check_rate
 from keras_attention.validation import is_positive_real
 
 QK_INIT_MODES = ("unit", "glorot")
+# GELU is the toy model's default (GPT-2's and BERT's); ReLU is the
+# original Transformer's.
+FF_ACTIVATIONS = ("gelu", "relu")
 
 
 # ------------------------------------------------------------ initializers
@@ -59,6 +63,7 @@ def build_sequence_model(
     causal=False,
     norm="pre",
     ff_dim=None,
+    ff_activation="gelu",
     dropout=0.0,
     token_factors=None,
     qk_init_std="unit",
@@ -73,8 +78,8 @@ def build_sequence_model(
     Architecture: token embedding (optionally factored) + learned position
     embedding, then `num_layers` `TransformerBlock`s named `block_0`,
     `block_1`, ... (self-attention and a feed-forward network
-    `Dense(ff_dim, gelu)`, `Dense(d_model)`, each wrapped in a residual
-    connection and a layer normalization), then a per-token
+    `Dense(ff_dim, ff_activation)`, `Dense(d_model)`, each wrapped in a
+    residual connection and a layer normalization), then a per-token
     `Dense(num_classes)` named `"logits"`.
 
     - `norm="pre"` (default): `x + Attn(LN(x))`, `x + FF(LN(x))`, and a final
@@ -125,6 +130,8 @@ def build_sequence_model(
         norm: `"pre"` or `"post"` (see above).
         ff_dim: hidden width of the feed-forward networks; `None` for
             `4 * d_model`, `0` for blocks without a feed-forward network.
+        ff_activation: activation of the feed-forward hidden layer, one of
+            `FF_ACTIVATIONS` (`"gelu"`, `"relu"`).
         dropout: rate of dropout on the attention weights and on each
             sub-layer's output before its residual addition (training only).
         token_factors: `None`, or a tuple of radices for a
@@ -179,6 +186,7 @@ def build_sequence_model(
     mask_padding = check_bool(mask_padding, "mask_padding")
     # The block checks its own arguments; these are the model's names.
     ff_dim = check_int(ff_dim, "ff_dim", minimum=0, allow_none=True)
+    check_choice(ff_activation, "ff_activation", FF_ACTIVATIONS)
     dropout = check_rate(dropout, "dropout")
     qk_init_gain = check_positive_real(qk_init_gain, "qk_init_gain")
     if token_factors is not None:
@@ -212,6 +220,7 @@ def build_sequence_model(
         key_dim=key_dim,
         num_heads=num_heads,
         intermediate_dim=ff_dim,
+        activation=ff_activation,
         value_dim=value_dim,
         scale=scale,
         qk_norm=qk_norm,

@@ -22,6 +22,7 @@ from typing import Callable, Optional, Union
 import keras
 
 from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.models import FF_ACTIVATIONS
 from keras_attention.models import QK_INIT_MODES
 from keras_attention.ops import SCALE_MODES
 from keras_attention.tasks import TASK_NAMES
@@ -179,6 +180,9 @@ class TrainConfig:
     ff_dim: Optional[int] = setting(
         None, "model", "feed-forward width (default: 4 * d-model; 0: none)",
         functools.partial(non_negative_int, allow_none=True))
+    ff_activation: str = setting(
+        "gelu", "model", "feed-forward activation (default: {default})",
+        choices=FF_ACTIVATIONS)
     dropout: float = setting(0.0, "model", "(default: {default})", _RATE,
                              metavar="RATE")
     qk_init_std: Union[str, float] = setting(

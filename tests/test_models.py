@@ -331,6 +331,22 @@ def test_no_feed_forward_when_ff_dim_is_zero():
     assert block.ff_hidden.units == 64
 
 
+def test_ff_activation_relu_changes_the_activation_and_no_weight():
+    gelu = _build(seed=6)
+    relu = _build(seed=6, ff_activation="relu")
+    assert _weights_by_path(relu).keys() == _weights_by_path(gelu).keys()
+    for path, value in _weights_by_path(gelu).items():
+        np.testing.assert_array_equal(_weights_by_path(relu)[path], value)
+    hidden = relu.get_layer("block_0").ff_hidden
+    x = np.random.default_rng(6).normal(size=(2, 7, SMALL["d_model"]))
+    x = x.astype("float32")
+    pre_activation = x @ _numpy(hidden.kernel) + _numpy(hidden.bias)
+    np.testing.assert_allclose(_numpy(hidden(x)),
+                               np.maximum(pre_activation, 0.0), atol=1e-6)
+    tokens = _random_tokens(np.random.default_rng(7), 2, 7, 12)
+    assert not np.allclose(_numpy(gelu(tokens)), _numpy(relu(tokens)))
+
+
 def test_keras_round_trip_gives_identical_logits(tmp_path):
     model = _build(
         vocab_size=1 + 4 * 3,
@@ -389,6 +405,7 @@ def test_mixed_precision_gives_float32_logits():
         ("causal", 1),
         ("norm", "sandwich"),
         ("ff_dim", -1),
+        ("ff_activation", "tanh"),
         ("dropout", 1.0),
         ("token_factors", (3, 0)),
         ("token_factors", "34"),
