@@ -137,21 +137,22 @@ def check_real(config, name, low=-REAL_LIMIT, high=REAL_LIMIT, low_open=False,
 
 
 # The checks `pipelines.settings` declares: `check(config, name)`.
-def positive_int(config, name, allow_none=False):
-    check_int(config, name, minimum=1, allow_none=allow_none)
-
-
-def non_negative_int(config, name, allow_none=False):
-    check_int(config, name, minimum=0, allow_none=allow_none)
-
-
-def seed_range(config, name):
-    check_int(config, name, minimum=0, maximum=SEED_LIMIT)
+positive_int = functools.partial(check_int, minimum=1)
+positive_int_or_none = functools.partial(check_int, minimum=1, allow_none=True)
+non_negative_int = functools.partial(check_int, minimum=0)
+non_negative_int_or_none = functools.partial(check_int, minimum=0,
+                                             allow_none=True)
+seed_range = functools.partial(check_int, minimum=0, maximum=SEED_LIMIT)
 
 
 def real(**interval):
     """The check of a real setting: `check_real` with `interval`."""
     return functools.partial(check_real, **interval)
+
+
+def one_of(choices):
+    """The check of a setting with a fixed set of values."""
+    return functools.partial(check_choice, choices=choices)
 
 
 def boolean(config, name):

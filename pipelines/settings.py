@@ -15,7 +15,6 @@ keyword argument of `keras_attention.models.build_sequence_model`, which
 """
 
 import dataclasses
-import functools
 import typing
 from typing import Callable, Optional, Union
 
@@ -30,14 +29,16 @@ from keras_attention.transformer_block import NORM_MODES
 from pipelines.backends import BACKENDS
 from pipelines.common import UsageError
 from pipelines.config_checks import boolean
-from pipelines.config_checks import check_choice
 from pipelines.config_checks import check_relations
 from pipelines.config_checks import check_setting_names
 from pipelines.config_checks import mode_or_number
 from pipelines.config_checks import non_negative_int
+from pipelines.config_checks import non_negative_int_or_none
+from pipelines.config_checks import one_of
 from pipelines.config_checks import parse_init_std
 from pipelines.config_checks import parse_scale
 from pipelines.config_checks import positive_int
+from pipelines.config_checks import positive_int_or_none
 from pipelines.config_checks import real
 from pipelines.config_checks import seed_range
 from pipelines.config_checks import text_or_none
@@ -65,9 +66,9 @@ class Setting:
         group: a key of `GROUPS`: the flag's section of `--help`; the
             `"model"` group is `build_sequence_model`'s keyword arguments.
         help: the flag's help; `{default}` becomes the default's text.
-        check: `check(config, name)`, raising `UsageError` naming the flag;
-            `None` with `choices` for "one of them", `None` without for a
-            setting that a cross-setting check covers (`logdir`, `export`).
+        check: `check(config, name)`, raising `UsageError` naming the flag
+            (by default: one of `choices`); `None` for a setting that a
+            cross-setting check covers (`logdir`, `export`).
         choices: the values allowed (also the flag's metavar).
         parse: turns the text a flag or a file gives into a value, when
             resolving (`"2.5"` -> 2.5); the value is checked by `check`.
@@ -96,22 +97,16 @@ class Setting:
     task_option: bool = False
     flag: bool = True
 
-    def validate(self, config, name):
-        """Raises `UsageError` naming the flag unless the setting's value in
-        `config` is valid."""
-        if self.check is not None:
-            self.check(config, name)
-        elif self.choices is not None:
-            check_choice(config, name, self.choices)
-
 
 def setting(default, group, help=None, check=None, **declaration):
     """A `TrainConfig` field: its default and its `Setting`."""
+    choices = declaration.get("choices")
+    if check is None and choices is not None:
+        check = one_of(choices)
     return dataclasses.field(default=default, metadata={
         "setting": Setting(group, help, check, **declaration)})
 
 
-_POSITIVE_INT_OR_NONE = functools.partial(positive_int, allow_none=True)
 _POSITIVE_REAL = real(low=0.0, low_open=True)
 _RATE = real(low=0.0, high=1.0, high_open=True)
 
@@ -133,25 +128,25 @@ class TrainConfig:
                         "{default})", choices=TASK_NAMES, hparam=True)
     seq_len: Optional[int] = setting(
         None, "task", "sequence length (recall: num-pairs + 1)",
-        _POSITIVE_INT_OR_NONE, task_option=True)
+        positive_int_or_none, task_option=True)
     vocab_size: Optional[int] = setting(
         None, "task", "token ids incl. padding (reverse, sort, copy)",
-        _POSITIVE_INT_OR_NONE, aliases=("--vocab",), task_option=True)
+        positive_int_or_none, aliases=("--vocab",), task_option=True)
     min_len: Optional[int] = setting(
         None, "task", "shortest content length (default: fixed length)",
-        _POSITIVE_INT_OR_NONE, task_option=True)
+        positive_int_or_none, task_option=True)
     num_pairs: Optional[int] = setting(
         None, "task", "recall: key-value pairs per example",
-        _POSITIVE_INT_OR_NONE, task_option=True)
+        positive_int_or_none, task_option=True)
     num_keys: Optional[int] = setting(
         None, "task", "recall: size of the key alphabet",
-        _POSITIVE_INT_OR_NONE, task_option=True)
+        positive_int_or_none, task_option=True)
     num_values: Optional[int] = setting(
         None, "task", "recall: size of the value alphabet (classes)",
-        _POSITIVE_INT_OR_NONE, task_option=True)
+        positive_int_or_none, task_option=True)
     train_size: Optional[int] = setting(
         None, "task", "fixed training pool (default: fresh samples every "
-        "step)", _POSITIVE_INT_OR_NONE)
+        "step)", positive_int_or_none)
     # The model: `keras_attention.models.build_sequence_model`'s arguments.
     d_model: int = setting(64, "model", "residual stream width (default: "
                            "{default})", positive_int, aliases=("--width",),
@@ -165,7 +160,7 @@ class TrainConfig:
                              "{default})", positive_int, hparam=True)
     value_dim: Optional[int] = setting(
         None, "model", "per-head value size (default: key-dim)",
-        _POSITIVE_INT_OR_NONE)
+        positive_int_or_none)
     scale: Union[str, float] = setting(
         "sqrt", "model", "score scale: sqrt 1/sqrt(d_k), none 1, inverse "
         "1/d_k (muP), learned a trainable scalar, or a fixed number "
@@ -179,7 +174,7 @@ class TrainConfig:
                         "(default: {default})", choices=NORM_MODES)
     ff_dim: Optional[int] = setting(
         None, "model", "feed-forward width (default: 4 * d-model; 0: none)",
-        functools.partial(non_negative_int, allow_none=True))
+        non_negative_int_or_none)
     ff_activation: str = setting(
         "gelu", "model", "feed-forward activation (default: {default})",
         choices=FF_ACTIVATIONS)
@@ -325,7 +320,8 @@ class TrainConfig:
         nothing on disk: the log directory is only checked for writability.
         """
         for name, declared in DECLARED.items():
-            declared.validate(self, name)
+            if declared.check is not None:
+                declared.check(self, name)
         check_relations(self, TASK_OPTIONS)
         running = keras.backend.backend()
         if self.backend != running:
