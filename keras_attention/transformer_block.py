@@ -7,10 +7,8 @@ on `ScaledDotProductAttention`. Floor 2: imports the layer and the core
 
 import keras
 
-from keras_attention import ops as attention_ops
 from keras_attention.initializers import PerCallInitializer
 from keras_attention.initializers import fresh
-from keras_attention.layer import IMPLEMENTATIONS
 from keras_attention.layer import ScaledDotProductAttention
 from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
@@ -41,7 +39,8 @@ class TransformerBlock(keras.layers.Layer):
     - `norm="post"`: `LN(x + Attn(x))`, then `LN(x + FF(x))`.
 
     The attention is a `ScaledDotProductAttention` with an output projection
-    back to the input's width; the feed-forward network is
+    back to the input's width (made, and its options checked, when the
+    block is built); the feed-forward network is
     `Dense(intermediate_dim, activation)` then `Dense(width)`. Dropout (in
     training only) acts on the attention weights and on each sub-layer's
     output before its residual addition. The input's Keras mask (from
@@ -129,15 +128,16 @@ class TransformerBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.key_dim = check_int(key_dim, "key_dim")
-        self.num_heads = check_int(num_heads, "num_heads")
+        # The attention's own options are checked once, by the layer, when
+        # the block makes it (in `build`); the block checks the rest here.
+        self.key_dim = key_dim
+        self.num_heads = num_heads
+        self.value_dim = value_dim
+        self.scale = scale
+        self.implementation = implementation
         self.intermediate_dim = check_int(
             intermediate_dim, "intermediate_dim", minimum=0, allow_none=True
         )
-        self.value_dim = check_int(value_dim, "value_dim", allow_none=True)
-        if not (isinstance(scale, str) and scale == "learned"):
-            attention_ops.resolve_scale(scale, key_dim)  # raises naming it
-        self.scale = scale
         self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.norm = check_choice(norm, "norm", NORM_MODES)
         self.dropout = check_rate(dropout, "dropout")
@@ -158,9 +158,6 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.query_key_gain = check_positive_real(
             query_key_gain, "query_key_gain"
-        )
-        self.implementation = check_choice(
-            implementation, "implementation", IMPLEMENTATIONS
         )
         if attention_name is not None and (
             not isinstance(attention_name, str) or not attention_name

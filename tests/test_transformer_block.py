@@ -160,17 +160,25 @@ def test_stacked_blocks_save_and_load_with_identical_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("argument, value", [
-    ("key_dim", 0), ("num_heads", 1.5), ("intermediate_dim", -1),
-    ("value_dim", 0), ("scale", "cosine"), ("scale", -2.0),
-    ("qk_norm", "yes"), ("norm", "sandwich"), ("dropout", 1.0),
-    ("activation", "swishy"), ("layer_norm_epsilon", 0.0),
-    ("query_key_gain", float("nan")), ("implementation", "flash"),
-    ("attention_name", ""),
+    ("intermediate_dim", -1), ("qk_norm", "yes"), ("norm", "sandwich"),
+    ("dropout", 1.0), ("activation", "swishy"), ("layer_norm_epsilon", 0.0),
+    ("query_key_gain", float("nan")), ("attention_name", ""),
 ])
 def test_bad_arguments_raise_value_error_naming_them(argument, value):
-    options = {"key_dim": 4, argument: value}
     with pytest.raises(ValueError, match=f"`{argument}`"):
-        TransformerBlock(**options)
+        TransformerBlock(key_dim=4, **{argument: value})
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("key_dim", 0), ("num_heads", 1.5), ("value_dim", 0), ("scale", "cosine"),
+    ("scale", -2.0), ("implementation", "flash"),
+])
+def test_bad_attention_options_are_refused_by_the_layer_when_built(
+    argument, value
+):
+    block = TransformerBlock(**{"key_dim": 4, argument: value})
+    with pytest.raises(ValueError, match=f"`{argument}`"):
+        block.build((None, LENGTH, WIDTH))
 
 
 # ------------------------------------------------------- initial weights
