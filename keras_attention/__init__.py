@@ -3,8 +3,9 @@
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V
 
 The package offers the `ScaledDotProductAttention` layer, its functional core
-(`scaled_dot_product_attention`, `attention_entropy`, masks), toy sequence
-models with their embeddings, synthetic tasks, attention diagnostics for
+(`scaled_dot_product_attention`, `attention_entropy`, masks), the
+`TransformerBlock` layer built on it, toy sequence models with their
+embeddings, synthetic tasks, attention diagnostics for
 TensorBoard and model export.
 
 Floors (a module imports only from its own floor, without cycles, or below):
@@ -12,8 +13,8 @@ Floors (a module imports only from its own floor, without cycles, or below):
 - 0, core: `ops`, `memory_efficient`, `files`, `validation`, `initializers`,
   `events` (TensorBoard event files written without TensorFlow);
 - 1, the layer: `layer` (and its private helpers), `recording`;
-- 2, built on the layer: `embeddings`, `models`, `tasks`, `diagnostics`,
-  `export`.
+- 2, built on the layer: `transformer_block`, `embeddings`, `models`,
+  `tasks`, `diagnostics`, `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
 by it. This module re-exports the names most users need.
@@ -28,12 +29,14 @@ from keras_attention.ops import masked_softmax
 from keras_attention.ops import scaled_dot_product_attention
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
+from keras_attention.transformer_block import TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FactoredEmbedding",
     "ScaledDotProductAttention",
+    "TransformerBlock",
     "attention_layers",
     "build_sequence_model",
     "attention_entropy",

@@ -7,7 +7,6 @@ core modules (`ops`, `memory_efficient`, `initializers`, `validation`).
 """
 
 import math
-import numbers
 
 import keras
 from keras import ops
@@ -18,6 +17,7 @@ from keras_attention.initializers import fresh
 from keras_attention.memory_efficient import memory_efficient_attention
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
+from keras_attention.validation import check_rate
 
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
 
@@ -135,17 +135,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
         else:
             # Raises a ValueError naming `scale` for anything invalid.
             self._fixed_scale = attention_ops.resolve_scale(scale, key_dim)
-        if isinstance(dropout, bool) or not isinstance(
-            dropout, numbers.Real
-        ) or not (0.0 <= dropout < 1.0):
-            raise ValueError(
-                f"`dropout` must be a number in [0, 1); received {dropout!r}."
-            )
+        self.dropout = check_rate(dropout, "dropout")
         check_choice(implementation, "implementation", IMPLEMENTATIONS)
         self.scale = scale
         self.qk_norm = bool(qk_norm)
         self.use_bias = bool(use_bias)
-        self.dropout = float(dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)

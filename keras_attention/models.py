@@ -3,8 +3,8 @@
 `build_sequence_model` returns a functional Keras model mapping int32 token
 ids `(B, T)` to per-token float32 logits `(B, T, num_classes)`: token and
 learned position embeddings (`keras_attention.embeddings`), `num_layers`
-blocks of `ScaledDotProductAttention` plus a feed-forward network, each with
-a residual connection and layer normalization, and a per-token classifier.
+`TransformerBlock`s (attention plus a feed-forward network, each with a
+residual connection and layer normalization), and a per-token classifier.
 
 Models that differ only in the attention `scale` (or `qk_norm`) start from
 identical values of every weight they share, so a comparison between them
@@ -12,30 +12,27 @@ measures the scale and nothing else.
 """
 
 import math
-import numbers
 
 import keras
 import numpy as np
 
-from keras_attention import ops as attention_ops
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.embeddings import PositionEmbedding
 from keras_attention.embeddings import check_factors
 from keras_attention.initializers import PerCallInitializer
-from keras_attention.layer import IMPLEMENTATIONS
-from keras_attention.layer import ScaledDotProductAttention
+from keras_attention.transformer_block import LAYER_NORM_EPSILON
+from keras_attention.transformer_block import TransformerBlock
 from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
+from keras_attention.validation import check_positive_real
+from keras_attention.validation import check_rate
 from keras_attention.validation import is_positive_real
 
-NORM_MODES = ("pre", "post")
 QK_INIT_MODES = ("unit", "glorot")
-
-# Layer normalization epsilon. Keras' default (1e-3) is not small next to the
-# variance of a freshly initialized residual stream and would shrink the
-# normalized components below unit variance.
-_NORM_EPSILON = 1e-6
+# GELU is the toy model's default (GPT-2's and BERT's); ReLU is the
+# original Transformer's.
+FF_ACTIVATIONS = ("gelu", "relu")
 
 
 # ------------------------------------------------------------ initializers
@@ -66,6 +63,7 @@ def build_sequence_model(
     causal=False,
     norm="pre",
     ff_dim=None,
+    ff_activation="gelu",
     dropout=0.0,
     token_factors=None,
     qk_init_std="unit",
@@ -78,9 +76,10 @@ def build_sequence_model(
     """Builds a small Transformer-style per-token classifier.
 
     Architecture: token embedding (optionally factored) + learned position
-    embedding, then `num_layers` blocks of self-attention and a feed-forward
-    network (`Dense(ff_dim, gelu)`, `Dense(d_model)`), each wrapped in a
-    residual connection and a layer normalization, then a per-token
+    embedding, then `num_layers` `TransformerBlock`s named `block_0`,
+    `block_1`, ... (self-attention and a feed-forward network
+    `Dense(ff_dim, ff_activation)`, `Dense(d_model)`, each wrapped in a
+    residual connection and a layer normalization), then a per-token
     `Dense(num_classes)` named `"logits"`.
 
     - `norm="pre"` (default): `x + Attn(LN(x))`, `x + FF(LN(x))`, and a final
@@ -131,6 +130,8 @@ def build_sequence_model(
         norm: `"pre"` or `"post"` (see above).
         ff_dim: hidden width of the feed-forward networks; `None` for
             `4 * d_model`, `0` for blocks without a feed-forward network.
+        ff_activation: activation of the feed-forward hidden layer, one of
+            `FF_ACTIVATIONS` (`"gelu"`, `"relu"`).
         dropout: rate of dropout on the attention weights and on each
             sub-layer's output before its residual addition (training only).
         token_factors: `None`, or a tuple of radices for a
@@ -152,8 +153,9 @@ def build_sequence_model(
     Returns:
         A functional `keras.Model` with input `"tokens"` (int32 `(B, T)`)
         and output `"logits"` (float32 `(B, T, num_classes)`, float32 also
-        under a mixed precision policy). Its attention layers are named
-        `attention_0`, `attention_1`, ... (see `attention_layers`).
+        under a mixed precision policy). The attention layers of its blocks
+        are named `attention_0`, `attention_1`, ... (see
+        `attention_layers`).
 
     Example:
 
@@ -180,25 +182,13 @@ def build_sequence_model(
     num_classes = vocab_size if num_classes is None else num_classes
     d_model = check_int(d_model, "d_model")
     num_layers = check_int(num_layers, "num_layers")
-    key_dim = check_int(key_dim, "key_dim")
-    num_heads = check_int(num_heads, "num_heads")
-    value_dim = check_int(value_dim, "value_dim", allow_none=True)
-    if not (isinstance(scale, str) and scale == "learned"):
-        attention_ops.resolve_scale(scale, key_dim)  # raises naming `scale`
-    qk_norm = check_bool(qk_norm, "qk_norm")
     causal = check_bool(causal, "causal")
     mask_padding = check_bool(mask_padding, "mask_padding")
-    check_choice(norm, "norm", NORM_MODES)
+    # The block checks its own arguments; these are the model's names.
     ff_dim = check_int(ff_dim, "ff_dim", minimum=0, allow_none=True)
-    ff_dim = 4 * d_model if ff_dim is None else ff_dim
-    if (
-        isinstance(dropout, (bool, np.bool_))
-        or not isinstance(dropout, numbers.Real)
-        or not 0.0 <= dropout < 1.0
-    ):
-        raise ValueError(
-            f"`dropout` must be a number in [0, 1); received {dropout!r}."
-        )
+    check_choice(ff_activation, "ff_activation", FF_ACTIVATIONS)
+    dropout = check_rate(dropout, "dropout")
+    qk_init_gain = check_positive_real(qk_init_gain, "qk_init_gain")
     if token_factors is not None:
         token_factors = check_factors(token_factors)
         expected_vocab = 1 + int(np.prod(token_factors, dtype=np.int64))
@@ -217,12 +207,6 @@ def build_sequence_model(
             f"`qk_init_std` must be one of {QK_INIT_MODES} or a positive "
             f"number; received {qk_init_std!r}."
         )
-    if not is_positive_real(qk_init_gain):
-        raise ValueError(
-            "`qk_init_gain` must be a positive finite number; received "
-            f"{qk_init_gain!r}."
-        )
-    check_choice(implementation, "implementation", IMPLEMENTATIONS)
     if not isinstance(name, str) or not name:
         raise ValueError(
             f"`name` must be a non-empty string; received {name!r}."
@@ -231,8 +215,21 @@ def build_sequence_model(
     # The summed input embedding gets unit-variance components.
     num_tables = (len(token_factors) if token_factors else 1) + 1
     embedding_init = _normal(1.0 / math.sqrt(num_tables))
-    query_key_init = _query_key_initializer(qk_init_std, d_model)
-    dropout = float(dropout)
+    # The settings of every block, in one place.
+    block = dict(
+        key_dim=key_dim,
+        num_heads=num_heads,
+        intermediate_dim=ff_dim,
+        activation=ff_activation,
+        value_dim=value_dim,
+        scale=scale,
+        qk_norm=qk_norm,
+        norm=norm,
+        dropout=dropout,
+        query_key_initializer=_query_key_initializer(qk_init_std, d_model),
+        query_key_gain=qk_init_gain,
+        implementation=implementation,
+    )
 
     tokens = keras.Input(shape=(seq_len,), dtype="int32", name="tokens")
     if token_factors is not None:
@@ -259,55 +256,13 @@ def build_sequence_model(
     )(x)
     if dropout > 0.0:
         x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
-
     for i in range(num_layers):
-        attention = ScaledDotProductAttention(
-            key_dim=key_dim,
-            num_heads=num_heads,
-            value_dim=value_dim,
-            output_dim=d_model,
-            scale=scale,
-            qk_norm=qk_norm,
-            dropout=dropout,
-            kernel_initializer=PerCallInitializer("glorot_uniform"),
-            implementation=implementation,
-            name=f"attention_{i}",
-        )
-        x = _residual_block(
-            x,
-            lambda h: attention(h, use_causal_mask=causal),
-            norm=norm,
-            dropout=dropout,
-            prefix="attention",
-            index=i,
-        )
-        # Redrawn here, straight after the layer is built, to keep one fixed
-        # order of random draws.
-        _initialize_query_key(attention, query_key_init, qk_init_gain)
-        if ff_dim > 0:
-            hidden = keras.layers.Dense(
-                ff_dim,
-                activation="gelu",
-                kernel_initializer=PerCallInitializer("glorot_uniform"),
-                name=f"ff_hidden_{i}",
-            )
-            project = keras.layers.Dense(
-                d_model,
-                kernel_initializer=PerCallInitializer("glorot_uniform"),
-                name=f"ff_output_{i}",
-            )
-            x = _residual_block(
-                x,
-                lambda h: project(hidden(h)),
-                norm=norm,
-                dropout=dropout,
-                prefix="ff",
-                index=i,
-            )
-
+        x = TransformerBlock(
+            **block, name=f"block_{i}", attention_name=f"attention_{i}"
+        )(x, use_causal_mask=causal)
     if norm == "pre":
         x = keras.layers.LayerNormalization(
-            epsilon=_NORM_EPSILON, name="final_norm"
+            epsilon=LAYER_NORM_EPSILON, name="final_norm"
         )(x)
     logits = keras.layers.Dense(
         num_classes,
@@ -316,23 +271,3 @@ def build_sequence_model(
         name="logits",
     )(x)
     return keras.Model(tokens, logits, name=name)
-
-
-def _residual_block(x, sublayer, norm, dropout, prefix, index):
-    """`x + f(LN(x))` (pre-norm) or `LN(x + f(x))` (post-norm)."""
-    layer_norm = keras.layers.LayerNormalization(
-        epsilon=_NORM_EPSILON, name=f"{prefix}_norm_{index}"
-    )
-    update = sublayer(layer_norm(x) if norm == "pre" else x)
-    if dropout > 0.0:
-        update = keras.layers.Dropout(
-            dropout, name=f"{prefix}_dropout_{index}"
-        )(update)
-    x = keras.layers.Add(name=f"{prefix}_residual_{index}")([x, update])
-    return layer_norm(x) if norm == "post" else x
-
-
-def _initialize_query_key(attention, initializer, gain):
-    for kernel in (attention.query_kernel, attention.key_kernel):
-        values = initializer(kernel.shape, dtype=kernel.dtype)
-        kernel.assign(values * gain)

@@ -54,6 +54,30 @@ def check_int(value, name, minimum=1, allow_none=False, expected=None):
     return int(value)
 
 
+def check_rate(value, name):
+    """Returns `value` as a float in [0, 1) (a dropout rate), or raises
+    `ValueError`."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"`{name}` must be a number in [0, 1); received {value!r}."
+        )
+    return float(value)
+
+
+def check_positive_real(value, name):
+    """Returns `value` as a float if it is finite and > 0, else raises
+    `ValueError`."""
+    if not is_positive_real(value):
+        raise ValueError(
+            f"`{name}` must be a positive finite number; received {value!r}."
+        )
+    return float(value)
+
+
 def check_bool(value, name):
     """Returns `value` as a Python bool, or raises `ValueError`."""
     if not isinstance(value, (bool, np.bool_)):

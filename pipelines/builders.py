@@ -46,9 +46,10 @@ def build_probe_batch(config, task):
 
 
 def build_model(config, task=None):
-    """Builds the config's model (uninitialised weights come from the
-    current global random state; call `seed_run` first
-    for reproducible weights).
+    """Builds the config's model: the task's sizes and the config's model
+    settings (its `"model"` group, `build_sequence_model`'s keyword
+    arguments). Uninitialised weights come from the current global random
+    state; call `seed_run` first for reproducible weights.
 
     Args:
         config: a resolved `TrainConfig`.
@@ -62,22 +63,9 @@ def build_model(config, task=None):
         vocab_size=task.vocab_size,
         seq_len=task.seq_len,
         num_classes=task.num_classes,
-        d_model=config.d_model,
-        num_layers=config.num_layers,
-        key_dim=config.key_dim,
-        num_heads=config.num_heads,
-        value_dim=config.value_dim,
-        scale=config.scale,
-        qk_norm=config.qk_norm,
-        causal=config.causal,
-        norm=config.norm,
-        ff_dim=config.ff_dim,
-        dropout=config.dropout,
         token_factors=task.token_factors,
-        qk_init_std=config.qk_init_std,
-        qk_init_gain=config.qk_init_gain,
-        implementation=config.implementation,
         name=f"{config.task}_model",
+        **config.group("model"),
     )
 
 

@@ -1,16 +1,18 @@
-"""The checks of a training config: every setting, named by its flag.
+"""The checks of a training config, each naming the setting by its flag.
 
-`check_settings(config, choices, task_options)` is the body of
-`TrainConfig.validate()`; it raises `UsageError` with the flag's name
-(`--key-dim must be a positive integer; got 0`), so the command line reports
-one line and exits 2 before anything is written. `parse_scale` and
-`parse_init_std` turn `--scale` and `--qk-init-std` text into a mode or a
-number.
+The checks of one setting (`positive_int`, `real(...)`, `boolean`, ...) are
+what `pipelines.settings` declares for each field; `TrainConfig.validate()`
+runs them, then `check_relations` (the checks across settings: warmup and
+steps, held-out and probe sizes, the task's options, the outputs). Each
+raises `UsageError` with the flag's name (`--key-dim must be an integer in
+[1, 2147483647]; got 0`), so the command line reports one line and exits 2
+before anything is written. `parse_scale` and `parse_init_std` read the
+text of `--scale` and `--qk-init-std` as a mode or a number.
 
-This module does not import `pipelines.config` (which calls it): the
-pipeline-only choice tuples come in as the `choices` argument.
+This module does not import `pipelines.settings` (which declares with it).
 """
 
+import functools
 import math
 import numbers
 import os
@@ -23,20 +25,6 @@ from keras_attention.validation import is_int
 from keras_attention.validation import is_positive_real
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
-
-# Settings that must be positive integers, and those that may also be None
-# (a task option the task does not take, or an optional size).
-_POSITIVE_INTS = (
-    "d_model", "num_layers", "key_dim", "num_heads", "batch_size", "steps",
-    "eval_every", "diagnostics_every", "heatmap_every", "checkpoint_every",
-    "log_every",
-    "heldout_size", "probe_size",
-)
-_OPTIONAL_POSITIVE_INTS = (
-    "seq_len", "vocab_size", "min_len", "num_pairs", "num_keys",
-    "num_values", "train_size", "value_dim",
-)
-_BOOLS = ("qk_norm", "causal", "deterministic")
 
 # Integer settings are counts and sizes of one run: past 2**31 - 1 none is
 # usable (`--steps 10**20` was accepted and trained forever).
@@ -74,30 +62,26 @@ def check_task_name(task):
 
 # ------------------------------------------------------------------ parsing
 def _parse_mode(text, name, modes):
-    """One of `modes` (any case) or a positive finite number."""
-    if isinstance(text, str) and text.lower() in modes:
+    """Text read as one of `modes` (any case) or as a number; whether the
+    number is allowed is the setting's check (`mode_or_number`)."""
+    if text.lower() in modes:
         return text.lower()
     try:
-        value = float(text)
-    except (TypeError, ValueError):
+        return float(text)
+    except ValueError:
         raise UsageError(
             f"{flag(name)} must be {', '.join(modes)} or a positive number; "
             f"got {text!r}"
         ) from None
-    if not is_positive_real(value):
-        raise UsageError(
-            f"{flag(name)} must be a positive finite number; got {text!r}"
-        )
-    return value
 
 
 def parse_scale(text):
-    """`--scale` text: one of `SCALE_MODES` or a positive float."""
+    """`--scale` text: one of `SCALE_MODES`, or a number."""
     return _parse_mode(text, "scale", SCALE_MODES)
 
 
 def parse_init_std(text):
-    """`--qk-init-std` text: `unit`, `glorot` or a positive float."""
+    """`--qk-init-std` text: `unit`, `glorot`, or a number."""
     return _parse_mode(text, "qk_init_std", QK_INIT_MODES)
 
 
@@ -125,11 +109,13 @@ def check_choice(config, name, choices):
 
 
 def check_real(config, name, low=-REAL_LIMIT, high=REAL_LIMIT, low_open=False,
-               high_open=False):
+               high_open=False, allow_none=False):
     """Raises `UsageError` unless the setting is a finite number in the
     interval (`low_open`/`high_open` exclude the bound; the bounds default
-    to float32's range)."""
+    to float32's range), or `None` with `allow_none`."""
     value = getattr(config, name)
+    if value is None and allow_none:
+        return
     ok = (
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
@@ -150,14 +136,51 @@ def check_real(config, name, low=-REAL_LIMIT, high=REAL_LIMIT, low_open=False,
         )
 
 
-def _check_mode(config, name, modes):
+# The checks `pipelines.settings` declares: `check(config, name)`.
+positive_int = functools.partial(check_int, minimum=1)
+positive_int_or_none = functools.partial(check_int, minimum=1, allow_none=True)
+non_negative_int = functools.partial(check_int, minimum=0)
+non_negative_int_or_none = functools.partial(check_int, minimum=0,
+                                             allow_none=True)
+seed_range = functools.partial(check_int, minimum=0, maximum=SEED_LIMIT)
+
+
+def real(**interval):
+    """The check of a real setting: `check_real` with `interval`."""
+    return functools.partial(check_real, **interval)
+
+
+def one_of(choices):
+    """The check of a setting with a fixed set of values."""
+    return functools.partial(check_choice, choices=choices)
+
+
+def boolean(config, name):
     value = getattr(config, name)
-    if not ((isinstance(value, str) and value in modes)
-            or is_positive_real(value)):
-        raise UsageError(
-            f"{flag(name)} must be {', '.join(modes)} or a positive number; "
-            f"got {value!r}"
-        )
+    if not isinstance(value, bool):
+        raise UsageError(f"{flag(name)} must be true or false; got {value!r}")
+
+
+def text_or_none(config, name):
+    value = getattr(config, name)
+    if value is not None and not isinstance(value, str):
+        raise UsageError(f"{flag(name)} must be a string; got {value!r}")
+
+
+def mode_or_number(modes):
+    """The check of a setting that is one of `modes` or a positive finite
+    number (`scale`, `qk_init_std`)."""
+
+    def check(config, name):
+        value = getattr(config, name)
+        if not ((isinstance(value, str) and value in modes)
+                or is_positive_real(value)):
+            raise UsageError(
+                f"{flag(name)} must be {', '.join(modes)} or a positive "
+                f"number; got {value!r}"
+            )
+
+    return check
 
 
 def build_task_or_usage_error(config, task_options):
@@ -186,48 +209,17 @@ def build_task_or_usage_error(config, task_options):
         raise UsageError(f"--task {config.task}: {message}") from None
 
 
-def check_settings(config, choices, task_options):
-    """Checks every setting of `config`; raises `UsageError` naming the flag.
+def check_relations(config, task_options):
+    """The checks across settings of `config`, after each setting's own;
+    raises `UsageError` naming the flags.
 
     Touches nothing on disk: the log directory is only checked for
     writability.
 
     Args:
         config: a resolved `TrainConfig`.
-        choices: `{setting: allowed values}` for the settings with a fixed
-            set of values.
         task_options: the names of every task option.
-
-    Raises:
-        UsageError: on the first bad setting.
     """
-    check_task_name(config.task)
-    for name in _POSITIVE_INTS:
-        check_int(config, name, minimum=1)
-    for name in _OPTIONAL_POSITIVE_INTS:
-        check_int(config, name, minimum=1, allow_none=True)
-    check_int(config, "ff_dim", minimum=0, allow_none=True)
-    for name in ("warmup_steps", "verbose"):
-        check_int(config, name, minimum=0)
-    check_int(config, "seed", minimum=0, maximum=SEED_LIMIT)
-    for name, allowed in choices.items():
-        check_choice(config, name, allowed)
-    for name in _BOOLS:
-        if not isinstance(getattr(config, name), bool):
-            raise UsageError(
-                f"{flag(name)} must be true or false; got "
-                f"{getattr(config, name)!r}"
-            )
-    check_real(config, "learning_rate", low=0.0, low_open=True)
-    check_real(config, "momentum", low=0.0, high=1.0, high_open=True)
-    check_real(config, "weight_decay", low=0.0)
-    check_real(config, "dropout", low=0.0, high=1.0, high_open=True)
-    check_real(config, "qk_init_gain", low=0.0, low_open=True)
-    check_real(config, "target_accuracy", low=0.0, high=1.0)
-    if config.clip_norm is not None:
-        check_real(config, "clip_norm", low=0.0, low_open=True)
-    _check_mode(config, "scale", SCALE_MODES)
-    _check_mode(config, "qk_init_std", QK_INIT_MODES)
     if config.warmup_steps > config.steps:
         raise UsageError(
             f"--warmup-steps ({config.warmup_steps}) must not exceed "
@@ -275,8 +267,6 @@ def _check_outputs(config):
                 f"--export {config.export} is inside the run directory "
                 f"--logdir {config.logdir}; export to a path outside it"
             )
-    if config.arm is not None and not isinstance(config.arm, str):
-        raise UsageError(f"--arm must be a string; got {config.arm!r}")
 
 
 def check_setting_names(values, source, names):

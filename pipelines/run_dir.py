@@ -47,6 +47,10 @@ TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 
 _DERIVED = "derived from "
+# A setting missing from a stored config is newer than the run, which ran
+# as the setting's default does: a new setting's default keeps what ran
+# before it existed.
+_SETTING_DEFAULTS = TrainConfig().to_dict()
 
 
 class Mismatch(NamedTuple):
@@ -81,7 +85,8 @@ def config_mismatch(run_dir, config):
     """The first way `run_dir/config.json` differs from `config`, or `None`.
 
     `RUNTIME_FIELDS` may differ, and so may `precision` when `config` asks
-    for `"auto"` (the run stored what it resolved to). When only settings
+    for `"auto"` (the run stored what it resolved to). A setting the stored
+    config lacks counts as its dataclass default. When only settings
     derived from another one differ (changing `--steps` changes the derived
     `warmup_steps`; see `config.sources`), the mismatch names that one.
 
@@ -107,6 +112,8 @@ def config_mismatch(run_dir, config):
             f"--logdir {run_dir}: cannot read {CONFIG_FILE} "
             f"({type(error).__name__}: {one_line(error)})"
         ) from None
+    if isinstance(stored, dict):
+        stored = {**_SETTING_DEFAULTS, **stored}
     wanted = config.to_dict()
     changed = [
         name for name in sorted(set(stored) | set(wanted))

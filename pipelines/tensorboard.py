@@ -22,6 +22,8 @@ from tensorboard.util.tensor_util import make_ndarray
 from keras_attention.events import SummaryWriter
 from keras_attention.events import read_events
 from pipelines.failures import writing
+from pipelines.settings import HPARAMS
+from pipelines.settings import value_types
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import TRAIN_LOGS
 
@@ -160,21 +162,15 @@ def open_run_logs(logdir, is_chief):
 
 # ------------------------------------------------------------------ HParams
 def hparams_of(config):
-    """The config's HParams: plain values, one type per name."""
-    values = {
-        "task": config.task,
-        "scale": str(config.scale),
-        "key_dim": config.key_dim,
-        "num_heads": config.num_heads,
-        "d_model": config.d_model,
-        "num_layers": config.num_layers,
-        "qk_norm": config.qk_norm,
-        "optimizer": config.optimizer,
-        "learning_rate": float(config.learning_rate),
-        "seed": config.seed,
-    }
-    if config.arm is not None:
-        values["arm"] = config.arm
+    """The config's HParams: the settings declared `hparam=True` that are
+    set, as plain values of one type per name (text for a setting that
+    takes text or a number, such as `scale`)."""
+    values = {}
+    for name in HPARAMS:
+        value = getattr(config, name)
+        if value is not None:
+            kinds = value_types(name)
+            values[name] = kinds[0](value) if len(kinds) == 1 else str(value)
     return values
 
 

@@ -5,11 +5,13 @@ flags; a setting a layer holds was given, whatever it equals.
 """
 
 import argparse
+import inspect
 import json
 import re
 
 import pytest
 
+from keras_attention.models import build_sequence_model
 from pipelines.cli import main
 from pipelines.common import OneLineErrorParser
 from pipelines.common import UsageError
@@ -22,6 +24,7 @@ from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.flags import settings_from_args
 from pipelines.run_dir import config_mismatch
+from pipelines.tensorboard import hparams_of
 
 TINY_FLAGS = [
     "--task", "recall", "--num-pairs", "4", "--num-keys", "8",
@@ -258,3 +261,40 @@ def test_changing_steps_names_steps_not_only_the_derived_warmup(
     assert (mismatch.name, mismatch.stored, mismatch.wanted,
             mismatch.derived) == ("steps", 20, 30, ())
     assert config_mismatch(str(logdir), stored) is None
+
+
+# -------------------------------------------- derived from the declaration
+def test_the_model_group_is_build_sequence_models_keyword_arguments():
+    parameters = inspect.signature(build_sequence_model).parameters
+    model_settings = resolve_config([]).group("model")
+    assert model_settings and set(model_settings) <= set(parameters)
+    # The rest come from the task (and the model's name).
+    assert set(parameters) - set(model_settings) == {
+        "vocab_size", "seq_len", "num_classes", "token_factors",
+        "mask_padding", "max_len", "name",
+    }
+
+
+def test_hparams_are_the_declared_settings_one_type_per_name():
+    config = resolve_config([Layer("t", {"scale": 2.5, "learning_rate": 1})])
+    hparams = hparams_of(config)
+    assert hparams["scale"] == "2.5" and hparams["learning_rate"] == 1.0
+    assert isinstance(hparams["learning_rate"], float)
+    assert hparams["key_dim"] == config.key_dim and hparams["seed"] == 0
+    assert "arm" not in hparams  # None: not logged.
+    assert hparams_of(config.replace(arm="a"))["arm"] == "a"
+    assert "steps" not in hparams
+
+
+def test_a_stored_config_without_a_newer_setting_matches_its_default(
+    tmp_path
+):
+    # A run made before a setting existed ran as its default does.
+    config = resolve_config([Layer("t", {"logdir": str(tmp_path)})])
+    stored = config.to_dict()
+    del stored["norm"]
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    assert config.norm == TrainConfig().norm == "pre"
+    assert config_mismatch(str(tmp_path), config) is None
+    mismatch = config_mismatch(str(tmp_path), config.replace(norm="post"))
+    assert mismatch[:3] == ("norm", "pre", "post")

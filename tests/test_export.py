@@ -177,9 +177,14 @@ def _numpy_attention_weights(model, tokens):
     mask = valid[:, None, :, None] & valid[:, None, None, :]
     weights = {}
     for layer in attention_layers(model):
-        query = layer.input
-        query = query[0] if isinstance(query, (list, tuple)) else query
-        x = np.asarray(keras.Model(model.input, query)(tokens), "float64")
+        # The attention sits in a TransformerBlock: its query is the block's
+        # input, layer-normalized in a pre-norm block.
+        block = next(block for block in model.layers
+                     if getattr(block, "attention", None) is layer)
+        x = keras.Model(model.input, block.input)(tokens)
+        if block.norm == "pre":
+            x = block.attention_norm(x)
+        x = np.asarray(x, "float64")
         q = np.einsum("btd,dhk->bhtk", x, np.asarray(layer.query_kernel))
         k = np.einsum("bsd,dhk->bhsk", x, np.asarray(layer.key_kernel))
         scores = np.einsum("bhtk,bhsk->bhts", q, k) / np.sqrt(layer.key_dim)

@@ -46,6 +46,7 @@ FLOORS = {
     "keras_attention._layer_utils": 1,
     "keras_attention.recording": 1,
     # 2, what is built from layers.
+    "keras_attention.transformer_block": 2,
     "keras_attention.models": 2,
     "keras_attention.embeddings": 2,
     "keras_attention.tasks": 2,
@@ -56,6 +57,7 @@ FLOORS = {
     # 3, the pipelines.
     "pipelines": 3,
     "pipelines.common": 3,
+    "pipelines.settings": 3,
     "pipelines.config": 3,
     "pipelines.config_checks": 3,
     "pipelines.flags": 3,

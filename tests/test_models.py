@@ -28,6 +28,10 @@ def _build(seed=0, **kwargs):
     return build_sequence_model(**options)
 
 
+def _attention(model, index=0):
+    return attention_layers(model)[index]
+
+
 def _weights_by_path(model):
     return {w.path: np.array(w.numpy()) for w in model.weights}
 
@@ -181,13 +185,13 @@ def test_query_key_components_have_unit_variance_at_init():
     table = model.get_layer("token_embedding").embeddings.numpy()
     positions = model.get_layer("position_embedding").embeddings.numpy()
     x = table[tokens] + positions[None, :32]
-    norm = model.get_layer("attention_norm_0")
+    norm = model.get_layer("block_0").attention_norm
     mean = x.mean(-1, keepdims=True)
     var = x.var(-1, keepdims=True)
     normed = (x - mean) / np.sqrt(var + norm.epsilon)
     normed = normed * norm.gamma.numpy() + norm.beta.numpy()
 
-    attention = model.get_layer("attention_0")
+    attention = _attention(model)
     q = np.einsum("btd,dhk->bthk", normed, attention.query_kernel.numpy())
     k = np.einsum("btd,dhk->bthk", normed, attention.key_kernel.numpy())
     assert abs(q.var() - 1.0) < 0.15, q.var()
@@ -200,7 +204,7 @@ def test_query_key_components_have_unit_variance_at_init():
 
 
 def test_query_and_key_kernels_are_independent_draws():
-    attention = _build(key_dim=16, d_model=16).get_layer("attention_0")
+    attention = _attention(_build(key_dim=16, d_model=16))
     q = attention.query_kernel.numpy()
     k = attention.key_kernel.numpy()
     v = attention.value_kernel.numpy()
@@ -216,7 +220,7 @@ def test_query_and_key_kernels_are_independent_draws():
 )
 def test_qk_init_std(qk_init_std, expected_std):
     model = _build(d_model=16, key_dim=32, num_heads=2, qk_init_std=qk_init_std)
-    attention = model.get_layer("attention_0")
+    attention = _attention(model)
     q = attention.query_kernel.numpy()  # (16, 2, 32)
     if expected_std is None:
         # Keras' Glorot-uniform for this kernel shape: fan_in = 16 * 2,
@@ -236,7 +240,8 @@ def test_same_seed_gives_identical_weights():
         np.testing.assert_array_equal(first[path], second[path], err_msg=path)
     other = _weights_by_path(_build(seed=8, num_layers=2, dropout=0.1))
     assert not np.allclose(
-        first["attention_0/query_kernel"], other["attention_0/query_kernel"]
+        first["block_0/attention_0/query_kernel"],
+        other["block_0/attention_0/query_kernel"],
     )
 
 
@@ -260,8 +265,8 @@ def test_scale_variants_share_identical_initial_weights():
             np.testing.assert_array_equal(
                 value, weights[path], err_msg=f"{variant} {path}"
             )
-    assert "attention_0/learned_scale" in built[2]
-    assert built[2]["attention_0/learned_scale"] == pytest.approx(
+    assert "block_0/attention_0/learned_scale" in built[2]
+    assert built[2]["block_0/attention_0/learned_scale"] == pytest.approx(
         1.0 / math.sqrt(SMALL["key_dim"])
     )
 
@@ -289,36 +294,57 @@ def _layer_norm(x, epsilon):
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-def test_norm_placement(norm):
-    model = _build(norm=norm, ff_dim=0)
+def test_the_model_is_embeddings_blocks_final_norm_and_logits(norm):
+    # The block's own maths is checked against numpy in
+    # test_transformer_block.py; here, how the model wires it.
+    model = _build(norm=norm, num_layers=2)
     assert ("final_norm" in [layer.name for layer in model.layers]) == (
         norm == "pre"
     )
-    names = ("position_embedding", "attention_0", "attention_norm_0")
-    probe = keras.Model(
-        model.input, [model.get_layer(name).output for name in names]
-    )
-    tokens = _random_tokens(np.random.default_rng(3), 2, 7, 12)
-    embedded, attended, normed = [_numpy(t) for t in probe(tokens)]
-    epsilon = model.get_layer("attention_norm_0").epsilon
-    if norm == "pre":  # x + Attn(LN(x))
-        attention_input = _layer_norm(embedded, epsilon)
-        expected_normed = _layer_norm(embedded, epsilon)
-    else:  # LN(x + Attn(x))
-        attention_input = embedded
-        expected_normed = _layer_norm(embedded + attended, epsilon)
-    attention = model.get_layer("attention_0")
-    np.testing.assert_allclose(
-        attended, _numpy(attention(attention_input)), atol=1e-5
-    )
-    np.testing.assert_allclose(normed, expected_normed, atol=1e-4)
+    tokens = _random_tokens(np.random.default_rng(3), 2, 7, 12, low=0)
+    tokens[:, -2:] = 0
+    embedded = keras.Model(
+        model.input, model.get_layer("position_embedding").output
+    )(tokens)
+    x = embedded
+    for index in range(2):
+        block = model.get_layer(f"block_{index}")
+        assert block.norm == norm and block.attention.name == (
+            f"attention_{index}"
+        )
+        x = block(x, mask=tokens != 0)
+    x = _numpy(x)
+    if norm == "pre":
+        x = _layer_norm(x, model.get_layer("final_norm").epsilon)
+    logits = model.get_layer("logits")
+    expected = x @ _numpy(logits.kernel) + _numpy(logits.bias)
+    np.testing.assert_allclose(_numpy(model(tokens)), expected, atol=1e-5)
 
 
 def test_no_feed_forward_when_ff_dim_is_zero():
     model = _build(ff_dim=0, num_layers=2)
-    names = [layer.name for layer in model.layers]
-    assert not any(name.startswith("ff_") for name in names)
-    assert _build(ff_dim=None, d_model=16).get_layer("ff_hidden_0").units == 64
+    for index in range(2):
+        block = model.get_layer(f"block_{index}")
+        assert block.ff_hidden is None and block.ff_norm is None
+    assert not any("ff_" in w.path for w in model.weights)
+    block = _build(ff_dim=None, d_model=16).get_layer("block_0")
+    assert block.ff_hidden.units == 64
+
+
+def test_ff_activation_relu_changes_the_activation_and_no_weight():
+    gelu = _build(seed=6)
+    relu = _build(seed=6, ff_activation="relu")
+    assert _weights_by_path(relu).keys() == _weights_by_path(gelu).keys()
+    for path, value in _weights_by_path(gelu).items():
+        np.testing.assert_array_equal(_weights_by_path(relu)[path], value)
+    hidden = relu.get_layer("block_0").ff_hidden
+    x = np.random.default_rng(6).normal(size=(2, 7, SMALL["d_model"]))
+    x = x.astype("float32")
+    pre_activation = x @ _numpy(hidden.kernel) + _numpy(hidden.bias)
+    np.testing.assert_allclose(_numpy(hidden(x)),
+                               np.maximum(pre_activation, 0.0), atol=1e-6)
+    tokens = _random_tokens(np.random.default_rng(7), 2, 7, 12)
+    assert not np.allclose(_numpy(gelu(tokens)), _numpy(relu(tokens)))
 
 
 def test_keras_round_trip_gives_identical_logits(tmp_path):
@@ -356,7 +382,7 @@ def test_mixed_precision_gives_float32_logits():
         logits = model(tokens)
     finally:
         keras.config.set_dtype_policy(previous)
-    assert model.get_layer("attention_0").compute_dtype == "float16"
+    assert _attention(model).compute_dtype == "float16"
     assert logits.dtype == "float32"
     assert np.all(np.isfinite(_numpy(logits)))
 
@@ -379,6 +405,7 @@ def test_mixed_precision_gives_float32_logits():
         ("causal", 1),
         ("norm", "sandwich"),
         ("ff_dim", -1),
+        ("ff_activation", "tanh"),
         ("dropout", 1.0),
         ("token_factors", (3, 0)),
         ("token_factors", "34"),
