@@ -32,7 +32,7 @@ from pipelines.devices import attention_bytes
 from pipelines.devices import check_memory
 from pipelines.devices import resolve_jit
 from pipelines.sweep import SWEEP_JSON
-from pipelines.sweep.plan import run_name
+from pipelines.engine.plan import run_name
 
 _HINTS = typing.get_type_hints(TrainConfig)
 # Free text, checked only for being text: no value of the right type is bad.
@@ -154,10 +154,12 @@ def test_grids_too_large_or_with_clashing_names_are_refused(tmp_path,
                      str(tmp_path / "c")], capsys, tmp_path)
     assert "--seeds must be a count in [1, 1000]" in line
     # Two rates that :g printed alike got one folder; repr tells them apart.
-    assert (run_name("scaled", "sgd", 0.1, 64, 0)
-            != run_name("scaled", "sgd", 0.1000001, 64, 0))
-    assert run_name("scaled", "sgd", 3e-4, 64, 0) == (
-        "scaled-sgd-lr0.0003-dk64-seed0")
+    def name(rate):
+        return run_name("scaled", {"optimizer": "sgd", "learning_rate": rate,
+                                   "key_dim": 64, "seed": 0})
+
+    assert name(0.1) != name(0.1000001)
+    assert name(3e-4) == "scaled-sgd-lr0.0003-dk64-seed0"
 
 
 def test_backends_are_the_command_lines_choices(capsys):

@@ -67,17 +67,17 @@ def tiny_sweep(tmp_path_factory):
 # ------------------------------------------------------------- bad flags
 @pytest.mark.parametrize("flags,named", [
     (["--learning-rates", "abc"], "--learning-rates"),
-    (["--learning-rates", "0,1e-3"], "--learning-rates"),
+    # A bad item is refused as `train` refuses the single value.
+    (["--learning-rates", "0,1e-3"], "--learning-rate must be"),
     (["--learning-rates", "1e-3,1e-3"], "--learning-rates"),
-    (["--learning-rates", "nan"], "--learning-rates"),
-    (["--optimizers", "rmsprop"], "--optimizers"),
+    (["--learning-rates", "nan"], "--learning-rate must be"),
+    (["--optimizers", "rmsprop"], "--optimizer must be one of"),
     (["--arms", "scaled,bogus"], "--arms"),
-    (["--key-dims", "0"], "--key-dims"),
+    (["--key-dims", "0"], "--key-dim must be"),
     (["--seeds", "0"], "--seeds"),
     (["--jobs", "0"], "--jobs"),
     (["--preset", "huge"], "--preset"),
-    (["--learning-rate", "0.1"], "--learning-rates"),
-    (["--optimizer", "sgd"], "--optimizers"),
+    (["--seed", "1"], "--seeds"),
     (["--scale", "none"], "--arms"),
     (["--steps", "0"], "--steps"),
 ])
@@ -117,6 +117,16 @@ def test_grid_is_the_product_with_each_run_configured():
         # The comparison's model and task.
         assert (config.task, config.d_model, config.qk_init_std) == (
             "recall", 64, "unit")
+
+
+def test_a_single_value_replaces_the_presets_axis():
+    parser = OneLineErrorParser()
+    cli.sweep.add_arguments(parser)
+    plan = cli.sweep.plan_from_args(parser.parse_args(
+        ["--learning-rate", "0.1", "--optimizer", "sgd", "--logdir", "u"]))
+    assert plan.axis("learning_rate") == [0.1]
+    assert plan.axis("optimizer") == ["sgd"]
+    assert {run.name.split("-")[2] for run in plan.runs()} == {"lr0.1"}
 
 
 def test_scale_inverse_on_train():

@@ -24,22 +24,15 @@ import numpy as np
 
 from pipelines.builders import build_model
 from pipelines.builders import seed_run
+from pipelines.config import PER_RUN
 from pipelines.steps import build_parts
-
-# Settings that may differ between runs sharing compiled parts: what a run
-# starts from, where it writes and how it reports, never a shape or a
-# constant of the compiled step.
-PER_RUN_FIELDS = ("seed", "learning_rate", "logdir", "arm", "verbose",
-                  "export", "steps", "eval_every", "diagnostics_every",
-                  "checkpoint_every", "log_every", "target_accuracy")
-
 
 def shape_key(config):
     """What two configs must share to train with the same compiled parts."""
     values = config.to_dict()
     return tuple(
         (name, repr(values[name])) for name in sorted(values)
-        if name not in PER_RUN_FIELDS
+        if name not in PER_RUN
     )
 
 
