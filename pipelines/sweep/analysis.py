@@ -24,7 +24,7 @@ QUESTION_ARM = "unscaled"
 
 # ---------------------------------------------------------------- records
 def run_record(run):
-    """The record of one finished `SweepRun`, from its run directory."""
+    """The record of one finished run of the grid, from its directory."""
     metrics = read_metrics(run.config.logdir)
     if metrics is None:
         raise RuntimeError(f"{run.config.logdir} has no metrics.json")
