@@ -125,7 +125,7 @@ def build_sequence_model(
         value_dim: size of each head's values; defaults to `key_dim`.
         scale: score scale of every attention layer: `"sqrt"`
             (1/sqrt(key_dim)), `"none"`, `"inverse"` (1/key_dim),
-            `"learned"` or a positive number.
+            `"learned"`, `"ssmax"` or a positive number.
         qk_norm: layer-normalize each head's queries and keys.
         causal: let position i attend only to positions j <= i.
         norm: `"pre"` or `"post"` (see above).
@@ -183,8 +183,7 @@ def build_sequence_model(
     key_dim = check_int(key_dim, "key_dim")
     num_heads = check_int(num_heads, "num_heads")
     value_dim = check_int(value_dim, "value_dim", allow_none=True)
-    if not (isinstance(scale, str) and scale == "learned"):
-        attention_ops.resolve_scale(scale, key_dim)  # raises naming `scale`
+    attention_ops.check_scale(scale, key_dim)  # raises naming `scale`
     qk_norm = check_bool(qk_norm, "qk_norm")
     causal = check_bool(causal, "causal")
     mask_padding = check_bool(mask_padding, "mask_padding")
