@@ -45,8 +45,8 @@ def numpy_monte_carlo(score_scale, key_dim, lengths, trials, seed):
 ], ids=["sqrt", "none", "ssmax"])
 def test_measurement_matches_a_numpy_monte_carlo(scale, score_scale):
     found = length_at_init(scale, key_dim=16, lengths=LENGTHS,
-                           num_trials=400, seed=1)
-    expected = numpy_monte_carlo(score_scale, 16, LENGTHS, 1000, seed=2)
+                           num_trials=300, seed=1)
+    expected = numpy_monte_carlo(score_scale, 16, LENGTHS, 600, seed=2)
     np.testing.assert_array_equal(found["num_keys"], LENGTHS)
     np.testing.assert_allclose(found["score_scale"],
                                [score_scale(n) for n in LENGTHS], rtol=1e-6)

@@ -121,9 +121,9 @@ def test_visible_keys_match_numpy(case, t, s):
 
 
 # ------------------------------------------------- the layer, each path
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "padding"])
-@pytest.mark.parametrize("path", PATHS)
-def test_layer_matches_numpy(path, causal):
+def built_layer(path, causal):
+    """An ssmax layer on `path` built on random inputs, with `S_VALUES`:
+    `(layer, inputs, call keyword arguments)`."""
     x = randn(B, T, D)
     layer = ScaledDotProductAttention(key_dim=DK, num_heads=H, scale="ssmax",
                                       implementation=path)
@@ -131,6 +131,13 @@ def test_layer_matches_numpy(path, causal):
                   use_causal_mask=causal)
     layer(x, **kwargs)
     layer.ssmax_scale.assign(S_VALUES)
+    return layer, x, kwargs
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "padding"])
+@pytest.mark.parametrize("path", PATHS)
+def test_layer_matches_numpy(path, causal):
+    layer, x, kwargs = built_layer(path, causal)
     valid = np_valid(causal)
     expected, weights, _, _ = np_ssmax(*heads_of(layer, x), valid, S_VALUES)
     output = to_np(layer(x, **kwargs))
@@ -147,13 +154,7 @@ def test_layer_matches_numpy(path, causal):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_gradient_of_s_matches_the_hand_derived_one(path):
-    x = randn(B, T, D)
-    layer = ScaledDotProductAttention(key_dim=DK, num_heads=H, scale="ssmax",
-                                      implementation=path)
-    kwargs = dict(query_mask=QUERY_MASK, value_mask=KEY_MASK,
-                  use_causal_mask=True)
-    layer(x, **kwargs)
-    layer.ssmax_scale.assign(S_VALUES)
+    layer, x, kwargs = built_layer(path, causal=True)
     upstream = randn(B, T, H * DK)
     _, grads = layer_gradients(
         layer, [x], lambda y: ops.sum(y * ops.convert_to_tensor(upstream)),
