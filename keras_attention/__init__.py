@@ -10,8 +10,9 @@ TensorBoard and model export.
 
 Floors (a module imports only from its own floor, without cycles, or below):
 
-- 0, core: `ops`, `memory_efficient`, `files`, `validation`, `initializers`,
-  `events` (TensorBoard event files written without TensorFlow);
+- 0, core: `ops`, `scales` (the score scales), `memory_efficient`, `files`,
+  `validation`, `initializers`, `events` (TensorBoard event files written
+  without TensorFlow);
 - 1, the layer: `layer` (and its private helpers), `recording`;
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
   `tasks`, `diagnostics`, `export`.

@@ -1,9 +1,10 @@
 """The pieces of `ScaledDotProductAttention` that need no layer state.
 
 Projections as plain 2-D matmuls, the input checks, the one place the
-layer's masks are built, and the fused path's zeroing of rows without keys.
+layer's masks are built (and the keys they leave each query, for the
+ssmax scale), and the fused path's zeroing of rows without keys.
 Floor 1 (layer), beside `keras_attention.layer`: imports keras and
-`keras_attention.ops` only.
+`keras_attention.{ops, scales}` only.
 """
 
 import collections
@@ -12,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
+from keras_attention import scales
 
 try:  # Where Keras keeps a tensor's propagated mask (all backends).
     from keras.src.backend.common.masking import get_keras_mask as keras_mask
@@ -138,6 +140,63 @@ class Masks(collections.namedtuple("Masks", "query key attention causal")):
             causal = attention_ops.causal_mask(query_length, key_length)
             masks.append(causal[None, None, :, :])
         return attention_ops.combine_masks(*masks)
+
+    def visible_keys(self, query_length, key_length):
+        """How many keys each query may attend to after every mask.
+
+        Returns:
+            A float32 tensor broadcastable to `(B, H, T)`. It is built
+            without a `(T, S)` tensor unless the attention mask is one
+            already (then it is that mask's size), so the memory-efficient
+            path stays linear in the sequence length.
+        """
+        keys = (ops.ones((1, key_length)) if self.key is None
+                else ops.cast(self.key, "float32"))  # (B or 1, S)
+        if self.attention is not None:
+            allowed = self.attention
+            if self.causal:
+                causal = attention_ops.causal_mask(query_length, key_length)
+                allowed = ops.logical_and(allowed, causal[None, None])
+            counts = _count_allowed(ops.cast(allowed, "float32"), keys)
+        elif self.causal:  # query i sees the valid keys among j <= i
+            last = ops.minimum(ops.arange(query_length), key_length - 1)
+            counts = ops.take(ops.cumsum(keys, axis=-1), last, axis=1)[:, None]
+        else:
+            counts = ops.sum(keys, axis=-1)[:, None, None]
+        if self.query is not None:
+            counts = counts * ops.cast(self.query, "float32")[:, None, :]
+        return counts
+
+
+def _count_allowed(allowed, keys):
+    """`sum_s allowed[b, h, t, s] * keys[b, s]` -> `(B or 1, H', T')`, for
+    `allowed` `(B or 1, H', T', S or 1)` and `keys` `(B or 1, S)`.
+
+    As matmuls without broadcast batch dimensions: TensorFlow 2.21's CPU
+    matmul returned garbage (values of 1e20 to 1e35) for a `(3, 1, 6, 4)` by
+    `(1, 1, 4, 1)` product, while 2-D and equal-batch products were exact.
+    """
+    if allowed.shape[-1] == 1:  # one column for every key
+        return allowed[..., 0] * ops.sum(keys, -1)[:, None, None]
+    shape = ops.shape(allowed)
+    if allowed.shape[0] == 1:
+        flat = ops.reshape(allowed, (-1, shape[-1]))  # (H' T', S)
+        counts = ops.matmul(flat, ops.transpose(keys))  # (H' T', B or 1)
+        counts = ops.reshape(counts, (shape[1], shape[2], -1))
+        return ops.transpose(counts, (2, 0, 1))
+    keys = ops.broadcast_to(keys, (shape[0], shape[-1]))
+    flat = ops.reshape(allowed, (shape[0], -1, shape[-1]))  # (B, H' T', S)
+    counts = ops.matmul(flat, keys[:, :, None])
+    return ops.reshape(counts, (shape[0], shape[1], shape[2]))
+
+
+def ssmax_queries(query, key, masks, head_scale):
+    """The queries `(B, T, H, d_k)` times the ssmax factor
+    `s_h · log(n) / sqrt(d_k)` of each query (n: its visible keys), so that
+    any path with scale 1 gives the ssmax scores."""
+    counts = masks.visible_keys(ops.shape(query)[1], ops.shape(key)[1])
+    factor = scales.ssmax_query_factor(counts, head_scale, query.shape[-1])
+    return query * ops.cast(factor, query.dtype)
 
 
 def build_masks(query, key, num_heads, query_mask, value_mask, key_mask,

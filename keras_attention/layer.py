@@ -3,16 +3,17 @@
 The one public class of this module; what it needs beyond its weights (the
 projections, the masks, the input checks, the fused path) lives in
 `keras_attention._layer_utils`. Floor 1 (layer): imports keras and the
-core modules (`ops`, `memory_efficient`, `initializers`, `validation`).
+core modules (`ops`, `scales`, `memory_efficient`, `initializers`,
+`validation`).
 """
 
-import math
 
 import keras
 from keras import ops
 
 from keras_attention import _layer_utils as utils
 from keras_attention import ops as attention_ops
+from keras_attention import scales
 from keras_attention.initializers import fresh
 from keras_attention.memory_efficient import memory_efficient_attention
 from keras_attention.validation import check_choice
@@ -47,8 +48,12 @@ class ScaledDotProductAttention(keras.layers.Layer):
             `num_heads * value_dim` features), or the width of an output
             projection `W_O` of shape `(num_heads, value_dim, output_dim)`.
         scale: `"sqrt"` (1/sqrt(key_dim)), `"none"` (1.0), `"inverse"`
-            (1/key_dim), a positive float, or `"learned"` (a trainable
-            scalar starting at 1/sqrt(key_dim)).
+            (1/key_dim), a positive float, `"learned"` (a trainable
+            scalar starting at 1/sqrt(key_dim)) or `"ssmax"` (scores times
+            `s_h · log(n) / sqrt(key_dim)`, n the keys a query may attend
+            to after every mask, `s_h` trainable per head, starting at
+            `1/log(S)` for the key length S the layer is built with: see
+            `keras_attention.scales.ssmax_initial_scale`).
         qk_norm: apply layer normalization to each head's queries and keys
             over `key_dim` before the product.
         use_bias: add biases to the projections.
@@ -130,7 +135,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         value_dim = check_int(value_dim, "value_dim", allow_none=True)
         self.value_dim = self.key_dim if value_dim is None else value_dim
         self.output_dim = check_int(output_dim, "output_dim", allow_none=True)
-        if isinstance(scale, str) and scale == "learned":
+        if isinstance(scale, str) and scale in scales.TRAINABLE_SCALE_MODES:
             self._fixed_scale = None
         else:
             # Raises a ValueError naming `scale` for anything invalid.
@@ -196,17 +201,20 @@ class ScaledDotProductAttention(keras.layers.Layer):
                     "output_bias", (self.output_dim,)
                 )
         if self._fixed_scale is None:
-            # Kept in float32 even under mixed precision: it multiplies the
-            # float32 scores.
-            self.learned_scale = self.add_weight(
-                name="learned_scale",
-                shape=(),
-                initializer=keras.initializers.Constant(
-                    1.0 / math.sqrt(self.key_dim)
-                ),
-                trainable=True,
-                autocast=False,
+            # "learned": one scalar; "ssmax": one s_h per head. Kept in
+            # float32 even under mixed precision: it multiplies the float32
+            # scores (or the queries, in their dtype).
+            name, shape, value = (
+                ("ssmax_scale", (heads,),
+                 scales.ssmax_initial_scale(key_shape[1]))
+                if self.scale == "ssmax"
+                else ("learned_scale", (),
+                      scales.learned_initial_scale(self.key_dim))
             )
+            setattr(self, name, self.add_weight(
+                name=name, shape=shape, trainable=True, autocast=False,
+                initializer=keras.initializers.Constant(value),
+            ))
         if self.qk_norm:
             self.query_norm = keras.layers.LayerNormalization(
                 epsilon=1e-6, dtype=self.dtype_policy, name="query_norm"
@@ -319,11 +327,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
     def _compute_attention(self, q, k, v, masks, need_weights, dropout_active):
         """The heads' outputs `(B, T, H, d_v)` and the weights (or `None`)
         on the path `_choose_path` picks."""
-        scale = (
-            self._fixed_scale
-            if self._fixed_scale is not None
-            else self.learned_scale
-        )
+        scale = self._fixed_scale
+        if self.scale == "learned":
+            scale = self.learned_scale
+        elif self.scale == "ssmax":  # every path, with the queries scaled
+            q, scale = utils.ssmax_queries(q, k, masks, self.ssmax_scale), 1.0
         masked = masks.causal or any(
             mask is not None for mask in (masks.query, masks.key, masks.attention)
         )

@@ -124,7 +124,7 @@ def build_sequence_model(
         value_dim: size of each head's values; defaults to `key_dim`.
         scale: score scale of every attention layer: `"sqrt"`
             (1/sqrt(key_dim)), `"none"`, `"inverse"` (1/key_dim),
-            `"learned"` or a positive number.
+            `"learned"`, `"ssmax"` or a positive number.
         qk_norm: layer-normalize each head's queries and keys.
         causal: let position i attend only to positions j <= i.
         norm: `"pre"` or `"post"` (see above).

@@ -12,22 +12,22 @@ Two rules hold on every path:
 * a query row with no key it may attend to gets all-zero weights and a zero
   output (never NaN and never a uniform average over masked keys).
 
-Floor 0 (core): imports keras only.
+Floor 0 (core): imports keras and `keras_attention.scales` (the score
+scales) only.
 """
-
-import math
 
 import keras
 from keras import ops
 
+# The scales live in `scales`; their names are kept here, where callers of
+# the core (and the command line's choices) have always found them.
+from keras_attention.scales import SCALE_MODES  # noqa: F401
+from keras_attention.scales import check_scale  # noqa: F401
+from keras_attention.scales import resolve_scale
+
 # A finite "minus infinity": exp() of it is exactly 0 in float32 and, unlike
 # -inf, subtracting the row maximum from it can never produce NaN.
 _MASKED_SCORE = -1e30
-
-# The score scales: 1/sqrt(d_k), none (1), 1/d_k (muP's attention scale, Yang
-# et al. 2022, Tensor Programs V) and a trainable scalar starting at
-# 1/sqrt(d_k). A positive number is accepted wherever a mode is.
-SCALE_MODES = ("sqrt", "none", "inverse", "learned")
 
 
 def _check_rank(tensor, rank, name):
@@ -36,39 +36,6 @@ def _check_rank(tensor, rank, name):
             f"`{name}` must be a rank-{rank} tensor; received shape "
             f"{tuple(tensor.shape)}."
         )
-
-
-def resolve_scale(scale, key_dim):
-    """Returns the numeric score scale for `scale` and `key_dim`.
-
-    Args:
-        scale: `None` or `"sqrt"` for `1/sqrt(key_dim)`, `"none"` for 1.0,
-            `"inverse"` for `1/key_dim`, or a positive finite number.
-        key_dim: size of the query/key vectors.
-
-    Returns:
-        A Python float.
-
-    Raises:
-        ValueError: naming `scale`, for any other string, a bool, a
-            non-number, or a number that is not positive and finite.
-    """
-    if scale is None or (isinstance(scale, str) and scale == "sqrt"):
-        return 1.0 / math.sqrt(key_dim)
-    if isinstance(scale, str) and scale == "none":
-        return 1.0
-    if isinstance(scale, str) and scale == "inverse":
-        return 1.0 / key_dim
-    if isinstance(scale, (str, bool)) or not isinstance(scale, (int, float)):
-        raise ValueError(
-            f'`scale` must be "sqrt", "none", "inverse", "learned" or a '
-            f"positive number; received {scale!r}."
-        )
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(
-            f"`scale` must be a positive finite number; received {scale!r}."
-        )
-    return float(scale)
 
 
 def combine_masks(*masks):
@@ -229,8 +196,10 @@ def scaled_dot_product_attention(
         mask: optional boolean tensor broadcastable to `(B, H, T, S)`,
             `True` where a query may attend to a key.
         scale: `None` or `"sqrt"` (1/sqrt(d_k)), `"none"` (1.0),
-            `"inverse"` (1/d_k), a positive number, or a scalar tensor (e.g.
-            a learned scale).
+            `"inverse"` (1/d_k), a positive number, or a tensor
+            broadcastable to the query: a scalar (e.g. a learned scale) or
+            one factor per query and head `(B, T, H, 1)` (e.g.
+            `keras_attention.scales.ssmax_query_factor`).
         dropout_rate: dropout applied to the attention weights in training.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for the dropout.

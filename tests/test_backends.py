@@ -43,7 +43,11 @@ SCALE_VALUES = {
     "none": lambda d: 1.0,
     "inverse": lambda d: 1.0 / d,
     "learned": lambda d: d**-0.5,  # its initial value
+    # Per query: s_h log(n) / sqrt(d) for a query that sees n keys.
+    "ssmax": lambda d, s, n: s * np.log(np.maximum(n, 1)) / np.sqrt(d),
 }
+# The s_h the tests give ssmax's two heads, away from its initial value.
+SSMAX_S = np.array([0.7, 0.4])
 SCALES = list(attention_ops.SCALE_MODES) + [0.3]
 PATHS = ["explicit", "fused", "memory_efficient", "auto"]
 
@@ -88,17 +92,23 @@ def test_scale_modes_on_every_path(scale, path):
     layer(x, **kwargs)
     if scale == "learned":
         layer.learned_scale.assign(0.7)  # away from the other modes' values
+    if scale == "ssmax":
+        layer.ssmax_scale.assign(SSMAX_S)
     w = {v.path.split("/")[-1]: to_np(v).astype(np.float64) for v in layer.weights}
     project = lambda name: (  # noqa: E731
         np.einsum("btd,dhk->bthk", x, w[f"{name}_kernel"]) + w[f"{name}_bias"]
     )
+    valid = value_mask[:, None, None, :] & np.tril(np.ones((t, t), bool))
     if scale == "learned":
         numeric_scale = 0.7
+    elif scale == "ssmax":  # (B, H, T, 1), n from the masks
+        numeric_scale = SCALE_VALUES[scale](
+            key_dim, SSMAX_S[None, :, None, None],
+            valid.sum(-1, keepdims=True))
     elif isinstance(scale, str):
         numeric_scale = SCALE_VALUES[scale](key_dim)
     else:
         numeric_scale = scale
-    valid = value_mask[:, None, None, :] & np.tril(np.ones((t, t), bool))
     attended = np_attention(
         project("query"), project("key"), project("value"), numeric_scale, valid
     )
@@ -126,8 +136,8 @@ def test_scale_modes_on_every_path(scale, path):
         np.testing.assert_allclose(
             grad, ref, rtol=1e-4, atol=1e-5, err_msg=variable.path
         )
-    if scale == "learned":
-        assert abs(float(grads[-1])) > 1e-4  # the scale is learned
+    if scale in ("learned", "ssmax"):
+        assert np.all(np.abs(grads[-1]) > 1e-4)  # the scale is learned
 
 
 @pytest.mark.parametrize("length,masked", [(64, False), (64, True),
@@ -407,7 +417,12 @@ CORE = {
         "or (fully_masked and explicit) or (output_only_gradients and float32-causal) "
         "or bad_arguments or (mixed_precision and memory_efficient-mixed_bfloat16) "
         "or dropout_only or qk_norm_matches "
-        "or (scale_modes and learned-fused) or auto_picks "
+        "or (scale_modes and learned-fused) or (scale_modes and ssmax) "
+        "or auto_picks "
+        # ssmax's values and gradients on every path are in scale_modes;
+        # its own file adds the gradient of s against numpy through the
+        # chunked path's custom_vjp.
+        "or (gradient_of_s and memory_efficient) "
         "or test_learned_scale_and_qk_norm_cross_attention or test_dropout "
         # The compiled probe and the score-offset gradient are checked
         # against TensorFlow by test_probe_matches_tensorflow[jax].
@@ -419,11 +434,11 @@ CORE = {
         "or (masks_match and False-all) or fully_masked or gradients_flow "
         "or bad_arguments or (output_only_gradients and float32) "
         "or mixed_precision or dropout_only or qk_norm or keras_mask "
-        "or test_probe.py"
+        "or test_probe.py or test_ssmax.py"
     ),
 }
 MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py",
-           "test_probe.py"]
+           "test_probe.py", "test_ssmax.py"]
 
 
 @from_outer_run

@@ -36,6 +36,7 @@ LINE_CHECKED_DIRECTORIES = ("keras_attention", "pipelines", "scripts")
 FLOORS = {
     # 0, core: the functional maths and argument checks.
     "keras_attention.ops": 0,
+    "keras_attention.scales": 0,
     "keras_attention.memory_efficient": 0,
     "keras_attention.files": 0,
     "keras_attention.validation": 0,
@@ -51,6 +52,7 @@ FLOORS = {
     "keras_attention.embeddings": 2,
     "keras_attention.tasks": 2,
     "keras_attention.diagnostics": 2,
+    "keras_attention.diagnostics.length": 2,
     "keras_attention.export": 2,
     "keras_attention.viz": 2,
     "keras_attention": 2,  # the package's re-exports

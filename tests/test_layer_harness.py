@@ -83,6 +83,12 @@ class LayerHarnessTest(testing.TestCase):
             {"key_dim": 4, "num_heads": 2, "scale": "learned"}, trainable=4
         )
 
+    def test_ssmax_scale_causal(self):
+        self.run_case(
+            {"key_dim": 4, "num_heads": 2, "scale": "ssmax"}, trainable=4,
+            call_kwargs={"use_causal_mask": True},
+        )
+
     def test_qk_norm(self):
         # Two LayerNormalization sublayers: gamma and beta each.
         self.run_case({"key_dim": 4, "num_heads": 2, "qk_norm": True},

@@ -8,7 +8,9 @@ Inside the package, `statistics` (numpy statistics and `SUMMARY_KEYS`) and
 the core; `drawing` (labelled maps drawn with matplotlib, their argument
 checks; `keras_attention.viz` builds on it) uses `heatmaps`' colour map;
 `probe` builds on `statistics` and on one private `_gradients_<backend>`
-module per Keras backend (its backward pass), `summaries` on `drawing`.
+module per Keras backend (its backward pass), `summaries` on `drawing`;
+`length` (attention against the number of keys at initialisation, beside
+the i.i.d. theory) imports only the core.
 
 The training pipeline probes every few hundred steps, outside the training
 step, with the compiled `diagnostics_probe` (`probe_diagnostics` is the
@@ -34,6 +36,8 @@ recorded attention, not only inside the probe.
 from keras_attention.diagnostics.heatmaps import COLORMAP
 from keras_attention.diagnostics.heatmaps import attention_heatmaps
 from keras_attention.diagnostics.heatmaps import colorize
+from keras_attention.diagnostics.length import iid_theory
+from keras_attention.diagnostics.length import length_at_init
 from keras_attention.diagnostics.probe import default_loss
 from keras_attention.diagnostics.probe import diagnostics_probe
 from keras_attention.diagnostics.probe import probe_diagnostics
@@ -61,7 +65,9 @@ __all__ = [
     "default_loss",
     "diagnostics_probe",
     "encode_png",
+    "iid_theory",
     "layer_statistics",
+    "length_at_init",
     "max_abs_score",
     "max_weight",
     "probe_diagnostics",
