@@ -25,7 +25,6 @@ config.validate()                # raises UsageError naming the bad flag
 """
 
 import dataclasses
-import json
 import os
 from typing import NamedTuple, Optional, Union
 
@@ -41,6 +40,7 @@ from pipelines.config_checks import check_settings
 from pipelines.config_checks import check_task_name
 from pipelines.config_checks import parse_init_std
 from pipelines.config_checks import parse_scale
+from pipelines.config_checks import text_corpus
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "cosine")
@@ -50,7 +50,7 @@ JIT_MODES = ("auto", "on", "off")
 
 # Options each task accepts (the others must stay None for that task).
 TASK_OPTIONS = ("seq_len", "vocab_size", "min_len", "num_pairs", "num_keys",
-                "num_values")
+                "num_values", "text_files", "corpus")
 
 # Settings that suit each task: with them a default run reaches >= 99%
 # held-out accuracy on a 2-core CPU in a few minutes (measured: recall 100%
@@ -112,6 +112,10 @@ TASK_DEFAULTS = {
         warmup_steps=100,
         steps=1000,
     ),
+    # Causal, by character: 2.39 bits/char (unigram 4.56) in 600 steps; README.
+    "text": dict(seq_len=128, d_model=128, num_layers=4, num_heads=4,
+                 key_dim=32, causal=True, learning_rate=3e-3, steps=600,
+                 warmup_steps=60, batch_size=32, probe_size=32),
 }
 
 # Fields that may differ between a run and its resumption: they change how
@@ -150,9 +154,9 @@ class TrainConfig:
 
     Attributes:
         task: one of `keras_attention.tasks.TASK_NAMES`.
-        seq_len, vocab_size, min_len, num_pairs, num_keys, num_values: task
-            options (see `keras_attention.tasks`); `None` for an option the
-            task does not take.
+        seq_len, vocab_size, min_len, num_pairs, num_keys, num_values,
+            text_files, corpus: task options (see `keras_attention.tasks`);
+            `None` for an option the task does not take.
         train_size: the size of a fixed training pool; `None` for a fresh
             sample every step.
         d_model ... implementation: model options (see
@@ -198,6 +202,8 @@ class TrainConfig:
     num_pairs: Optional[int] = None
     num_keys: Optional[int] = None
     num_values: Optional[int] = None
+    text_files: Optional[list] = None
+    corpus: Optional[dict] = None
     train_size: Optional[int] = None
     # Model.
     d_model: int = 64
@@ -383,6 +389,8 @@ def resolve_config(layers):
         derived["logdir"] = (default_logdir(task), "task")
     if values["backend"] is None:
         derived["backend"] = (keras.backend.backend(), "the Keras backend")
+    if task == "text":
+        derived["corpus"] = (text_corpus(values, sources), "text_files")
     for name, (value, origin) in derived.items():
         values[name] = value
         sources[name] = f"derived from {origin}"

@@ -111,7 +111,7 @@ def add_train_arguments(parser):
     """
     task = parser.add_argument_group("task")
     _add(task, "task", metavar=_choices(TASK_NAMES),
-         help="synthetic task (default: {default})")
+         help="task (default: {default})")
     _add(task, "seq_len", help="sequence length (recall: num-pairs + 1)")
     _add(task, "vocab_size", "--vocab",
          help="token ids incl. padding (reverse, sort, copy)")
@@ -123,6 +123,11 @@ def add_train_arguments(parser):
          "(classes)")
     _add(task, "train_size", help="fixed training pool (default: fresh "
          "samples every step)")
+    task.add_argument("--text-file", dest="text_files", action="append",
+                      default=None, metavar="PATH",
+                      help="text: a UTF-8 file, or a directory of .txt files, "
+                      "to train on (repeatable); without it, this Python's "
+                      "standard-library source")
 
     model = parser.add_argument_group("model")
     _add(model, "d_model", "--width", help="residual stream width "
