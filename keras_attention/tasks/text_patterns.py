@@ -7,6 +7,8 @@ the queries it applies to and the key positions it points at:
 - `previous_character`: query `i` -> key `i - 1`;
 - `line_start`: query `i` -> the first character of its line, when that
   line started inside the window at least two characters back;
+- `newline`: query `i` -> the line break that ended the previous line, at
+  least two characters back;
 - `bracket`: the query before a closing `)`, `]` or `}` -> its opening
   bracket (matched with a stack over the window; a mismatch empties the
   stack), when that is at least two characters back;
@@ -26,7 +28,8 @@ uniform causal attention (the chance level, `keys / (i + 1)`).
 
 import numpy as np
 
-PATTERNS = ("previous_character", "line_start", "bracket", "quote", "copy")
+PATTERNS = ("previous_character", "line_start", "newline", "bracket",
+            "quote", "copy")
 CLOSING = {")": "(", "]": "[", "}": "{"}
 QUOTES = ("'", '"')
 # The smallest distance back of every pattern but `previous_character`.
@@ -49,6 +52,16 @@ def _line_starts(chars):
             start = i
         if start is not None and start <= i - _MIN_BACK:
             cells.append((i, [start]))
+    return cells
+
+
+def _newlines(chars):
+    cells, newline = [], None
+    for i, char in enumerate(chars):
+        if newline is not None and newline <= i - _MIN_BACK:
+            cells.append((i, [newline]))
+        if char == "\n":
+            newline = i
     return cells
 
 
@@ -103,6 +116,7 @@ def _copies(chars):
 _FINDERS = {
     "previous_character": _previous,
     "line_start": _line_starts,
+    "newline": _newlines,
     "bracket": _brackets,
     "quote": _quotes,
     "copy": _copies,
