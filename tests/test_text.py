@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -270,18 +271,24 @@ def test_bad_text_file_exits_2_naming_it_and_writes_nothing(
     assert not logdir.exists()
 
 
-def test_resume_on_a_changed_corpus_is_refused(tmp_path, capsys):
-    path = write(tmp_path / "t.txt", "".join(TRAINING_LINES) + HELDOUT_PART)
-    argv = ["train", *TINY, "--text-file", path, "--steps", "2",
-            "--logdir", str(tmp_path / "run")]
-    assert main(argv) == 0
-    write(tmp_path / "t.txt", "".join(TRAINING_LINES) + "abb\n")
-    capsys.readouterr()
-    # The same command: a finished run, but of another text.
-    assert main(argv) == 2
+def test_rerun_on_a_changed_corpus_is_refused_untouched(runs, tiny_file,
+                                                       capsys):
+    reference, _, argv = runs
+    before = {path: path.stat().st_mtime_ns for path in reference.rglob("*")
+              if path.name != ".lock"}
+    original = pathlib.Path(tiny_file).read_bytes()
+    try:
+        write(pathlib.Path(tiny_file), "".join(TRAINING_LINES) + "abb\n")
+        capsys.readouterr()
+        # The same command: a finished run, but of another text.
+        assert main([*argv, "--logdir", str(reference)]) == 2
+    finally:
+        pathlib.Path(tiny_file).write_bytes(original)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "(corpus: {" in lines[0], lines
     assert "'sha256'" in lines[0] and "'vocabulary'" not in lines[0]
+    assert {path: path.stat().st_mtime_ns for path in reference.rglob("*")
+            if path.name != ".lock"} == before
 
 
 def test_text_sigkill_resumes_to_the_uninterrupted_weights(runs):
