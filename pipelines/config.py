@@ -34,6 +34,7 @@ import keras
 from keras_attention.validation import is_int
 from pipelines.config_checks import check_setting_names
 from pipelines.config_checks import check_task_name
+from pipelines.config_checks import text_corpus
 from pipelines.settings import CHOICES
 from pipelines.settings import DECLARED
 from pipelines.settings import HPARAMS
@@ -111,6 +112,10 @@ TASK_DEFAULTS = {
         warmup_steps=100,
         steps=1000,
     ),
+    # Causal, by character: 2.39 bits/char (unigram 4.56) in 600 steps; README.
+    "text": dict(seq_len=128, d_model=128, num_layers=4, num_heads=4,
+                 key_dim=32, causal=True, learning_rate=3e-3, steps=600,
+                 warmup_steps=60, batch_size=32, probe_size=32),
 }
 
 _DEFAULTS = TrainConfig()
@@ -185,6 +190,8 @@ def resolve_config(layers):
         derived["logdir"] = (default_logdir(task), "task")
     if values["backend"] is None:
         derived["backend"] = (keras.backend.backend(), "the Keras backend")
+    if task == "text":
+        derived["corpus"] = (text_corpus(values, sources), "text_files")
     for name, (value, origin) in derived.items():
         values[name] = value
         sources[name] = f"derived from {origin}"

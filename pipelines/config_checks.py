@@ -21,6 +21,7 @@ from keras_attention.models import QK_INIT_MODES
 from keras_attention.ops import SCALE_MODES
 from keras_attention.tasks import TASK_NAMES
 from keras_attention.tasks import make_task
+from keras_attention.tasks.corpus import describe_corpus
 from keras_attention.validation import is_int
 from keras_attention.validation import is_positive_real
 from pipelines.common import UsageError
@@ -49,6 +50,8 @@ NOT_A_RUN = {
 
 def flag(name):
     """The command-line flag of a setting: `key_dim` -> `--key-dim`."""
+    if name == "text_files":  # One file a flag, repeated.
+        return "--text-file"
     return "--" + name.replace("_", "-")
 
 
@@ -167,6 +170,14 @@ def text_or_none(config, name):
         raise UsageError(f"{flag(name)} must be a string; got {value!r}")
 
 
+def paths_or_none(config, name):
+    value = getattr(config, name)
+    if value is not None and not (
+            isinstance(value, list) and value
+            and all(isinstance(path, str) and path for path in value)):
+        raise UsageError(f"{flag(name)} must be paths; got {value!r}")
+
+
 def mode_or_number(modes):
     """The check of a setting that is one of `modes` or a positive finite
     number (`scale`, `qk_init_std`)."""
@@ -207,6 +218,27 @@ def build_task_or_usage_error(config, task_options):
         for name in task_options:
             message = message.replace(f"'{name}'", flag(name))
         raise UsageError(f"--task {config.task}: {message}") from None
+
+
+def text_corpus(values, sources):
+    """The text task's corpus, `describe_corpus(values["text_files"])`; a
+    bad file is a `UsageError` naming it, and so is a `corpus` a layer gave
+    (a run's config.json) that is not the text read now."""
+    try:
+        corpus = describe_corpus(values["text_files"])
+    except ValueError as error:
+        raise UsageError(str(error).replace("`text_files`:", "--text-file")
+                         .replace("`text_files`", "--text-file")
+                         .rstrip(".")) from None
+    if values["corpus"] is not None and values["corpus"] != corpus:
+        given = values["corpus"]
+        raise UsageError(
+            f"{sources['corpus']}: its corpus (sha256 "
+            f"{given.get('sha256') if isinstance(given, dict) else given!r}) "
+            f"is not the text read now (sha256 {corpus['sha256']}); leave "
+            "corpus out to train on the text as it is"
+        )
+    return corpus
 
 
 def check_relations(config, task_options):

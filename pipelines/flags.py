@@ -18,6 +18,7 @@ import argparse
 import json
 
 from keras_attention.tasks import TASK_NAMES
+from pipelines.config_checks import flag
 from pipelines.config import SETTINGS
 from pipelines.config import TASK_DEFAULTS
 from pipelines.config import Layer
@@ -74,7 +75,12 @@ def _add(group, name, declared):
     help = declared.help
     if help is not None:
         help = help.replace("{default}", default_text(name))
-    option = "--" + name.replace("_", "-")
+    option = flag(name)
+    if value_types(name) == (list,):  # One value a flag, repeated.
+        group.add_argument(option, *declared.aliases, dest=name, default=None,
+                           action="append", metavar=declared.metavar,
+                           help=help)
+        return
     if value_types(name) == (bool,):
         group.add_argument(option, *declared.aliases, dest=name, default=None,
                            action=argparse.BooleanOptionalAction, help=help)

@@ -1,6 +1,7 @@
 """A run directory: its file names, its stored config, metrics and model.
 
     DIR/config.json     the resolved config (`CONFIG_FILE`)
+    DIR/vocab.json      the text task's vocabulary (`VOCAB_FILE`)
     DIR/metrics.json    the run's results (`METRICS_FILE`)
     DIR/model.keras     the trained model (`MODEL_FILE`)
     DIR/checkpoints/    the checkpoints (`pipelines.checkpoints`)
@@ -34,6 +35,7 @@ from pipelines.checkpoints import remove_partial_checkpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import one_line
+from pipelines.common import write_json_atomic
 from pipelines.common import WriteFailure
 from pipelines.config import RUNTIME_FIELDS
 from pipelines.config import TrainConfig
@@ -41,6 +43,7 @@ from pipelines.failures import writing
 from pipelines.locks import run_directory_lock
 
 CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.keras"
 TRAIN_LOGS = "train"
@@ -72,13 +75,25 @@ class Mismatch(NamedTuple):
     derived: tuple = ()
 
     def __str__(self):
-        text = f"{self.name}: {self.stored!r} there, {self.wanted!r} now"
+        stored, wanted = _differences(self.stored, self.wanted)
+        text = f"{self.name}: {stored!r} there, {wanted!r} now"
         for name, stored, wanted in self.derived:
+            stored, wanted = _differences(stored, wanted)
             text += (
                 f"; {name}, derived from {self.name}: {stored!r} there, "
                 f"{wanted!r} now"
             )
         return text
+
+
+def _differences(stored, wanted):
+    """Two dicts (the text task's corpus) as the keys where they differ."""
+    if not (isinstance(stored, dict) and isinstance(wanted, dict)):
+        return stored, wanted
+    keys = [key for key in sorted(set(stored) | set(wanted))
+            if stored.get(key) != wanted.get(key)]
+    return ({key: stored.get(key) for key in keys},
+            {key: wanted.get(key) for key in keys})
 
 
 def config_mismatch(run_dir, config):
@@ -125,8 +140,12 @@ def config_mismatch(run_dir, config):
         return None
     origins = {name: config.sources.get(name, "") for name in changed}
     given = [name for name in changed if not origins[name].startswith(_DERIVED)]
-    # The setting to name: a given one, or the one the derived ones follow.
+    # The setting to name: a given one, or the one the derived ones follow;
+    # or, when that one is the same (the text task's files, whose contents
+    # changed), the derived one.
     origin = (given[0] if given else origins[changed[0]][len(_DERIVED):])
+    if not given and stored.get(origin) == wanted.get(origin):
+        origin = changed[0]
     return Mismatch(
         origin, stored.get(origin), wanted.get(origin),
         tuple(
@@ -134,6 +153,16 @@ def config_mismatch(run_dir, config):
             if origins[name] == _DERIVED + origin
         ),
     )
+
+
+def write_run_config(logdir, config, task):
+    """Makes `logdir` and writes the run's `config.json`, and `vocab.json`
+    when the task has a vocabulary (`task.vocabulary_file()`)."""
+    os.makedirs(logdir, exist_ok=True)
+    write_json_atomic(os.path.join(logdir, CONFIG_FILE), config.to_dict())
+    vocabulary = task.vocabulary_file()
+    if vocabulary is not None:
+        write_json_atomic(os.path.join(logdir, VOCAB_FILE), vocabulary)
 
 
 def check_resumable(config):

@@ -35,6 +35,7 @@ from pipelines.config_checks import mode_or_number
 from pipelines.config_checks import non_negative_int
 from pipelines.config_checks import non_negative_int_or_none
 from pipelines.config_checks import one_of
+from pipelines.config_checks import paths_or_none
 from pipelines.config_checks import parse_init_std
 from pipelines.config_checks import parse_scale
 from pipelines.config_checks import positive_int
@@ -144,6 +145,15 @@ class TrainConfig:
     num_values: Optional[int] = setting(
         None, "task", "recall: size of the value alphabet (classes)",
         positive_int_or_none, task_option=True)
+    text_files: Optional[list] = setting(
+        None, "task", "text: a UTF-8 file, or a directory of .txt files, to "
+        "train on (repeatable); without it, this Python's standard-library "
+        "source", paths_or_none, metavar="PATH", task_option=True)
+    # The text task's corpus (Python version, files, characters, SHA-256,
+    # split, vocabulary), derived from `text_files` when resolving, so that
+    # config.json says what the run trained on.
+    corpus: Optional[dict] = setting(None, "task", task_option=True,
+                                     flag=False)
     train_size: Optional[int] = setting(
         None, "task", "fixed training pool (default: fresh samples every "
         "step)", positive_int_or_none)

@@ -5,8 +5,9 @@ evaluation and the diagnostics.
 the running backend's compiled steps (`pipelines.backends`) in one `Parts`,
 which a sweep may keep for the next run of the same shapes.
 `make_evaluate` returns the held-out loss and accuracy over the task's
-held-out batches; `make_diagnose` the attention diagnostics of the current
-weights, logged to the event files.
+held-out batches (and the task's numbers derived from them); `make_diagnose`
+the attention diagnostics of the current weights, with each head's scores on
+the task's attention patterns, logged to the event files.
 """
 
 from typing import Callable, NamedTuple
@@ -16,6 +17,7 @@ import numpy as np
 
 from keras_attention.diagnostics import diagnostics_probe
 from keras_attention.diagnostics import write_diagnostics
+from keras_attention.tasks.text_patterns import pattern_scores
 from keras_attention.viz import write_attention_summary
 from pipelines.backends import backend_module
 from pipelines.builders import build_model
@@ -86,7 +88,8 @@ def build_parts(config, devices, task, learning_rate=None):
 def make_evaluate(steps, task, config, devices, eval_batch):
     """The held-out evaluation: `evaluate()` returns the weighted mean loss
     and accuracy over the held-out set (this process's rows of each
-    `eval_batch`-example batch), as floats."""
+    `eval_batch`-example batch), as floats, and the task's
+    `heldout_scalars` of them (`{name: float}`)."""
     index, count = devices.shard
 
     def evaluate():
@@ -97,7 +100,8 @@ def make_evaluate(steps, task, config, devices, eval_batch):
         ):
             totals += steps.eval_sums(batch)
         weight = max(totals[2], 1e-12)
-        return totals[0] / weight, totals[1] / weight
+        loss, accuracy = totals[0] / weight, totals[1] / weight
+        return loss, accuracy, task.heldout_scalars(loss, accuracy)
 
     return evaluate
 
@@ -116,7 +120,10 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
     With the `task`, it also writes the Attention dashboard's summary of
     the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
     labelled by `task.token_labels` and `task.target_cells`, from the
-    probe's own records (weights, scores, mask).
+    probe's own records (weights, scores, mask), and every head's score on
+    each of the task's `attention_patterns` over the whole probe batch
+    (`patterns/<pattern>/<layer>/head_<h>`, beside `patterns/<pattern>/chance`;
+    in the record under `"patterns"`).
     `probe_host_model` is the compiled probe of `host_model` (default: a new
     `diagnostics_probe`; a sweep passes the one it keeps across runs)."""
     if probe_host_model is None:
@@ -127,11 +134,13 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
     labels = None if task is None else task.token_labels(token_ids)
     shown = token_ids[:DASHBOARD_EXAMPLES]
     cells = None if task is None else task.target_cells(shown)
+    patterns = {} if task is None else task.attention_patterns(token_ids)
 
     def diagnose(step, images=True):
         parts.steps.sync()
         host_model.set_weights(parts.model.get_weights())
         diagnostics = probe_host_model(*probe)
+        scores = _pattern_scores(diagnostics, patterns)
         if writer.wants(step):
             if task is not None:
                 _write_dashboard(diagnostics, step, labels[:len(shown)],
@@ -139,9 +148,37 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
             write_diagnostics(diagnostics, step, writer.writer,
                               max_images=MAX_IMAGES if images else 0,
                               query_labels=labels)
-        return diagnostics_record(diagnostics)
+            for tag, value in _pattern_scalars(scores):
+                writer.writer.scalar(tag, value, step)
+        record = diagnostics_record(diagnostics)
+        if scores:
+            record["patterns"] = scores
+        return record
 
     return diagnose
+
+
+def _pattern_scores(diagnostics, patterns):
+    """`{pattern: {"chance": float, layer: [score of each head]}}` of the
+    patterns that have a query in the probe batch."""
+    scores = {}
+    for pattern, cells in patterns.items():
+        for name, stats in diagnostics["layers"].items():
+            heads, chance = pattern_scores(stats["weights"], cells)
+            if heads is not None:
+                scores.setdefault(pattern, {"chance": chance})[name] = [
+                    float(score) for score in heads]
+    return scores
+
+
+def _pattern_scalars(scores):
+    """The `(tag, value)` scalars of `_pattern_scores`."""
+    for pattern, by_layer in scores.items():
+        yield f"patterns/{pattern}/chance", by_layer["chance"]
+        for name, heads in by_layer.items():
+            if name != "chance":
+                for head, score in enumerate(heads):
+                    yield f"patterns/{pattern}/{name}/head_{head}", score
 
 
 def _write_dashboard(diagnostics, step, labels, cells, writer):

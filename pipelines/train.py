@@ -5,13 +5,15 @@
 A run writes under `--logdir DIR` (see `pipelines.run_dir`):
 
     DIR/config.json        the resolved config (flags, file and task defaults)
+    DIR/vocab.json         the text task's characters and their labels
     DIR/checkpoints/       Keras state; a rerun resumes from the newest
     DIR/model.keras        the trained model
     DIR/metrics.json       held-out loss/accuracy, steps, wall time, examples/s,
                            steps to target, diagnostics at step 0 and end
     DIR/events.*           config (text), HParams, steps_to_target
     DIR/train/events.*     loss, accuracy, learning_rate, steps/s, examples/s
-    DIR/eval/events.*      held-out loss and accuracy, and the attention
+    DIR/eval/events.*      held-out loss and accuracy (text: bits per
+                           character and the unigram baseline), the attention
                            diagnostics: attention/<layer>/... (heat maps,
                            entropy, max weight, saturation, score std) and
                            gradients/<layer>/... (norms of dL/dW_Q, W_K, W_V
@@ -41,6 +43,7 @@ from pipelines.backends import backend_module
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.checkpoints import Checkpoints
+from pipelines.clock import Clock
 from pipelines.common import write_json_atomic
 from pipelines.devices import check_memory
 from pipelines.devices import open_run_devices
@@ -48,13 +51,13 @@ from pipelines.export import check_out_path
 from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
-from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
 from pipelines.run_dir import completed_metrics
 from pipelines.run_dir import restore_model
 from pipelines.run_dir import save_model
+from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
 from pipelines.steps import build_parts
 from pipelines.steps import eval_batch_size
@@ -92,9 +95,13 @@ def run(args):
               f"step {metrics['diverged_at_step']}; lower --learning-rate or "
               "set --clip-norm", file=sys.stderr)
         return 1
+    bits = metrics.get("heldout_bits_per_character")
     print(
         f"held-out accuracy {metrics['heldout_accuracy']:.4f}, loss "
-        f"{metrics['heldout_loss']:.4f} after {metrics['steps']} steps "
+        f"{metrics['heldout_loss']:.4f}"
+        + ("" if bits is None else f", {bits:.3f} bits per character "
+           f"(unigram {metrics['heldout_unigram_bits_per_character']:.3f})")
+        + f" after {metrics['steps']} steps "
         f"({metrics['wall_time_s']:.1f} s, "
         f"{metrics['examples_per_s']:.0f} examples/s); run in "
         f"{metrics['logdir']}"
@@ -189,8 +196,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
     # -------- run directory and event files.
     if chief:
-        os.makedirs(logdir, exist_ok=True)
-        write_json_atomic(os.path.join(logdir, CONFIG_FILE), config.to_dict())
+        write_run_config(logdir, config, task)
     logs = open_run_logs(logdir, chief)
     write_run_header(logs.root, config, hparams_experiment)
 
@@ -225,7 +231,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         if chief:
             progress.diagnostics_init = diagnose(0)
     step, window = start_step, []
-    clock = _Clock()
+    clock = Clock()
     while step < steps:
         loss, accuracy = train_step(next(train_data))
         if clock.first_step is None:
@@ -279,6 +285,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         "logdir": logdir,
         "heldout_loss": progress.heldout_loss,
         "heldout_accuracy": progress.heldout_accuracy,
+        **{f"heldout_{name}": value for name, value in progress.task.items()},
         "steps": step,
         "resumed_from_step": start_step,
         "wall_time_s": time.time() - start_time,
@@ -324,6 +331,7 @@ class _Progress:
     diagnostics_final: Optional[dict] = None
     heldout_loss: Optional[float] = None
     heldout_accuracy: Optional[float] = None
+    task: dict = dataclasses.field(default_factory=dict)  # heldout_scalars
     diverged_at: Optional[int] = None
 
     @classmethod
@@ -337,41 +345,15 @@ class _Progress:
         init = summary_from_events(eval_tags, 0) if start_step > 0 else None
         return cls(history, diagnostics_init=init)
 
-    def evaluated(self, step, loss, accuracy, writer):
+    def evaluated(self, step, loss, accuracy, task_scalars, writer):
         """Records and logs a held-out evaluation at `step`."""
         self.heldout_loss, self.heldout_accuracy = loss, accuracy
+        self.task = task_scalars
         if self.history and self.history[-1][0] == step:
             self.history.pop()  # Re-measured at the end of a finished run.
         self.history.append((step, accuracy))
-        writer.scalars({"loss": loss, "accuracy": accuracy}, step)
-
-
-class _Clock:
-    """Training time, leaving out the pauses for evaluation, diagnostics and
-    checkpoints, over the whole loop and over the current log window."""
-
-    def __init__(self):
-        self.start = self.window_start = time.time()
-        self.paused = self.window_paused = 0.0
-        self.first_step = None
-
-    def pause(self, seconds):
-        self.paused += seconds
-        self.window_paused += seconds
-
-    def window_seconds(self):
-        return max(time.time() - self.window_start - self.window_paused, 1e-9)
-
-    def new_window(self):
-        self.window_start, self.window_paused = time.time(), 0.0
-
-    def steps_per_second(self, steps_run):
-        """`(steps/s, training seconds)` of the loop. Throughput leaves out
-        the first step, which traces and compiles."""
-        train_time = max(time.time() - self.start - self.paused, 1e-9)
-        if steps_run > 1 and train_time > self.first_step:
-            return (steps_run - 1) / (train_time - self.first_step), train_time
-        return steps_run / train_time, train_time
+        writer.scalars({"loss": loss, "accuracy": accuracy, **task_scalars},
+                       step)
 
 
 def _log_window(window, step, clock, schedule, writer, progbar, batch_size):

@@ -24,6 +24,7 @@ machine kills the process.
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +61,29 @@ def wait_after_save(save_number):
         sys.stdin.readline()
 
     after_save(save_number, wait)
+
+
+def kill_in_save_while(argv, env, meanwhile, save_number=2, timeout=300):
+    """For the tests: runs `keras-attention ARGV` in a child process of this
+    worker, killed with SIGKILL in checkpoint save `save_number`, and
+    `meanwhile()` in the calling process while the child trains; asserts
+    that the child died of the SIGKILL and returns what `meanwhile`
+    returned."""
+    child = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "in-save",
+         str(save_number), *argv],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        result = meanwhile()
+        _, stderr = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == -signal.SIGKILL, stderr[-3000:]
+    return result
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pipelines.config import SETTINGS
 from pipelines.config import TrainConfig
 from pipelines.common import UsageError
 from pipelines.config_checks import NOT_A_RUN
+from pipelines.config_checks import flag as flag_of
 from pipelines.devices import attention_bytes
 from pipelines.devices import check_memory
 from pipelines.devices import resolve_jit
@@ -92,7 +93,7 @@ def test_every_setting_refuses_bad_values_in_one_line(data, tmp_path,
                  str(logdir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert "--" + name.replace("_", "-") in err[0], err[0]
+    assert flag_of(name) in err[0], err[0]
     assert _tree(tmp_path) == before
 
 

@@ -34,6 +34,8 @@ from keras_attention.viz.summary import PLUGIN_NAME
 from keras_attention.viz.summary import summary_tag
 from keras_attention.viz.tensorboard_plugin import AttentionLoader
 from keras_attention.viz.tensorboard_plugin.plugin import static_files
+from pipelines.config import Layer
+from pipelines.config import resolve_config
 from pipelines.train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -215,6 +217,7 @@ def test_loader_keeps_every_step_unless_told():
 
 # ----------------------------------------------------------------- browser
 LONG = 2048
+TEXT_LEN = 256
 HOT_CELL = (1000, 37)  # the one peaked weight of the long map
 LONG_TARGET = (200, 1800)  # its outlined target cell
 
@@ -239,6 +242,12 @@ def logdir(tmp_path_factory, tiny_config):
                           eval_every=12, checkpoint_every=12, scale=scale,
                           logdir=str(root / f"{arm}-dk16-seed0")))
     write_long_map(str(root / "long"))
+    # A text run of 256 characters a window, the corpus's own labels.
+    train(resolve_config([Layer("tests", dict(
+        task="text", seq_len=TEXT_LEN, d_model=16, key_dim=8, batch_size=2,
+        steps=1, heldout_size=2, probe_size=1, eval_every=1,
+        checkpoint_every=1, verbose=0, strategy="default",
+        logdir=str(root / "text")))]))
     return root
 
 
@@ -461,6 +470,24 @@ def test_long_map(page, screenshots):
     page.hover(canvas, 0, 0)
     assert time.perf_counter() - start < 5
     page.shot(screenshots, "4_long_map")
+
+
+def test_text_run_shows_the_characters(page, logdir, screenshots):
+    page.choose("#run", "text/eval")
+    logged = read_summaries(str(logdir / "text/eval"))[TAG]
+    meta, _ = logged[max(logged)]
+    canvas = page.find("canvas.heat")
+    assert int(canvas.get_attribute("data-rows")) == TEXT_LEN
+    # Thinned to what fits, each shown label the character at its index,
+    # whitespace as its stand-in.
+    labels = page.all(".qlabels .label")
+    assert 10 < len(labels) < TEXT_LEN
+    for label in labels:
+        index = int(label.get_attribute("data-index"))
+        assert label.text == meta["query_labels"][0][index]
+    characters = set(meta["query_labels"][0])
+    assert "\u2423" in characters and " " not in characters
+    page.shot(screenshots, "5_text")
 
 
 def test_exports(page, browser, screenshots):

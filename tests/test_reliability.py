@@ -31,6 +31,7 @@ from tensorboard.backend.event_processing.event_file_loader import (
     EventFileLoader,
 )
 
+from _kill_worker import kill_in_save_while
 from pipelines.cli import main
 from pipelines.run_dir import restore_model
 from pipelines.tensorboard import read_event_scalars
@@ -342,22 +343,11 @@ def test_sigkill_mid_save_resumes_to_the_uninterrupted_weights(
     logdir = tmp_path / "run"
     # Killed during the save of ckpt-20, its staging file written: steps
     # 11..20 are logged, ckpt-10 is the last checkpoint.
-    killed = subprocess.Popen(
-        [sys.executable, KILL_WORKER, "in-save", "2",
-         *_train(config_file, logdir)],
-        env=_environment(), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        # The uninterrupted run (the first time it is asked for) runs
-        # meanwhile.
-        reference = references(backend)
-        _, stderr = killed.communicate(timeout=300)
-    finally:
-        if killed.poll() is None:
-            killed.kill()
-            killed.communicate()
-    assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
+    # The uninterrupted run (the first time it is asked for) runs
+    # meanwhile.
+    reference = kill_in_save_while(_train(config_file, logdir),
+                                   _environment(),
+                                   lambda: references(backend))
     assert not (logdir / "metrics.json").exists()
     names = _checkpoint_files(logdir)
     assert len(names) == 2 and names[1] == "ckpt-10.npz", names

@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 
 from _backends import BACKEND, REPO_ROOT, to_np
 from keras_attention import tasks
-from keras_attention.tasks import TASK_NAMES, _streams, make_task
+from keras_attention.tasks import TASK_NAMES, _streams, corpus, make_task
 
 SMALL_OPTIONS = {
     "recall": dict(num_pairs=6, num_keys=10, num_values=4),
     "reverse": dict(seq_len=7, vocab_size=6),
     "sort": dict(seq_len=7, vocab_size=6),
     "copy": dict(seq_len=11, vocab_size=7),
+    "text": dict(seq_len=16),  # the standard library's source
 }
 
 
@@ -122,11 +123,37 @@ def check_recall(task, tokens, targets, weights):
     return np.array(query_positions)
 
 
+def training_text(task):
+    """The text task's training text, rare characters as U+FFFD and each
+    file's end as NUL, read and split here from the corpus rule's files."""
+    training, _, _ = corpus.split_texts(corpus.read_stdlib())
+    kept = set(task.vocabulary)
+    return "".join(
+        "".join(char if char in kept else "\ufffd" for char in text) + "\0"
+        for _, text in training)
+
+
+def check_text(task, tokens, targets, weights):
+    # Every position predicts the next character of one window of the
+    # training text.
+    np.testing.assert_array_equal(targets[:, :-1], tokens[:, 1:])
+    np.testing.assert_array_equal(weights, 1.0)
+    assert np.all((tokens >= 1) & (tokens < task.vocab_size))
+    symbols = {1: "\ufffd", 2: "\0"}
+    text = training_text(task)
+    for row_tokens, row_targets in zip(tokens, targets):
+        window = "".join(
+            symbols[i] if i < 3 else task.vocabulary[i - 3]
+            for i in [*row_tokens.tolist(), int(row_targets[-1])])
+        assert window in text, window
+
+
 CHECKERS = {
     "recall": check_recall,
     "reverse": check_reverse,
     "sort": check_sort,
     "copy": check_copy,
+    "text": check_text,
 }
 
 

@@ -1,4 +1,5 @@
-"""Synthetic sequence tasks for attention experiments, as numpy batches.
+"""Sequence tasks for attention experiments, synthetic and on real text, as
+numpy batches.
 
 Floor 2 (beside models, diagnostics and export): the tasks import only
 numpy, Keras (for `SequenceTask.weighted_sums`, in `keras.ops`) and the core
@@ -7,7 +8,9 @@ Keras backend, with or without TensorFlow installed. Nothing in the library
 imports them except the pipelines above. Inside the package, `_streams`
 (random streams, the training pool's order, shard rows) is imported by `base`
 (`SequenceTask`), which is imported by the task families `sequences`
-(reverse, sort, copy) and `recall`; this module gathers them by name.
+(reverse, sort, copy), `recall` and `text`; `text` reads its corpus through
+`corpus` (files, held-out split, vocabulary) and finds attention patterns
+with `text_patterns`; this module gathers the tasks by name.
 
 Every task produces batches `(tokens, targets, weights)`:
 
@@ -35,6 +38,8 @@ Tasks (`TASK_NAMES`):
 - `"sort"`: predict the input tokens in ascending order. See `SortTask`.
 - `"copy"`: read a sequence, then write it out again after a delimiter.
   See `CopyTask`.
+- `"text"`: next-character prediction on real text, the standard library's
+  source or the user's files. See `TextTask`.
 
 Example:
 
@@ -55,12 +60,14 @@ from keras_attention.tasks.recall import RecallTask
 from keras_attention.tasks.sequences import CopyTask
 from keras_attention.tasks.sequences import ReverseTask
 from keras_attention.tasks.sequences import SortTask
+from keras_attention.tasks.text import TextTask
 
 _TASKS = {
     "recall": RecallTask,
     "reverse": ReverseTask,
     "sort": SortTask,
     "copy": CopyTask,
+    "text": TextTask,
 }
 
 TASK_NAMES = tuple(_TASKS)
@@ -72,7 +79,7 @@ def make_task(name, **options):
     Args:
         name: One of `TASK_NAMES`.
         **options: Constructor options of that task (see `RecallTask`,
-            `ReverseTask`, `SortTask`, `CopyTask`). An option the task does not
+            `ReverseTask`, `SortTask`, `CopyTask`, `TextTask`). An option the task does not
             take raises `ValueError`, except when its value is None (unset),
             so callers can pass one set of options for every task.
 
@@ -122,5 +129,6 @@ __all__ = [
     "ReverseTask",
     "SequenceTask",
     "SortTask",
+    "TextTask",
     "make_task",
 ]

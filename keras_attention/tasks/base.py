@@ -126,6 +126,23 @@ class SequenceTask(abc.ABC):
             return sorted(self._example_target_cells(array))
         return [sorted(self._example_target_cells(row)) for row in array]
 
+    def heldout_scalars(self, loss, accuracy):
+        """Further held-out numbers of the task, derived from the held-out
+        `loss` and `accuracy` (`{name: float}`); none for the synthetic
+        tasks (`TextTask` adds bits per character and its baseline)."""
+        return {}
+
+    def vocabulary_file(self):
+        """The vocabulary a run saves beside its model (`vocab.json`), or
+        None when the ids need none (the synthetic tasks)."""
+        return None
+
+    def attention_patterns(self, tokens):
+        """`{pattern: cells}` of the attention patterns the diagnostics
+        score each head on (see `text_patterns.pattern_scores`); none for
+        the synthetic tasks, whose `target_cells` say where to look."""
+        return {}
+
     @abc.abstractmethod
     def _example_target_cells(self, tokens):
         """`(row, column)` pairs of one example's `(seq_len,)` tokens."""

@@ -93,9 +93,9 @@ def add_grid_arguments(parser, presets, default, preset_help):
     # The list types wrap the train flags' own converters, so an item is
     # parsed (and refused) exactly as the single value of `train` is.
     for action in list(parser._actions):  # argparse has no public list
+        # Only a plain value is a list item (not a flag, or a repeated one).
         if action.dest in SETTINGS and action.dest not in _NOT_AXES and (
-                action.nargs != 0 and not isinstance(
-                    action, argparse.BooleanOptionalAction)):
+                type(action) is argparse._StoreAction):
             action.type = _list_of(action.type)
             action.help = (action.help or "") + "; a list V1,V2,... is an axis"
             if action.dest in PLURALS:
