@@ -221,9 +221,23 @@ def _stage(stack, path, directory):
     parent directories; returns the temporary path to write the export to.
 
     The export is renamed onto `path` by `_move_into_place`, which can
-    replace an existing SavedModel atomically.
+    replace an existing SavedModel atomically. The parent directories it
+    created are removed again when the export fails.
     """
     parent = os.path.dirname(path)
+    missing = parent
+    created = []  # deepest first
+    while not os.path.lexists(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+
+    def remove_created(kind, error, traceback):
+        if kind is not None:
+            for directory in created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)  # only while it is empty
+
+    stack.push(remove_created)  # runs after `atomic_path` has cleaned up
     try:
         os.makedirs(parent, exist_ok=True)
         return stack.enter_context(
