@@ -267,7 +267,13 @@ def _tflite_model(model, scratch_parent):
     Conversion goes through a SavedModel (written to a scratch directory in
     `scratch_parent`, removed afterwards) because the converter's direct
     Keras 3 entry point (`from_keras_model`) fails on TF >= 2.16
-    (tensorflow/tensorflow#63867).
+    (tensorflow/tensorflow#63867), and Keras's own LiteRT exporter
+    (`model.export(format="litert")`, Keras 3.15) writes one signature,
+    `serving_default` with the logits alone (`output_0`).
+
+    Raises:
+        ValueError: when the converter refuses the model, naming the ops
+            it could not convert.
     """
     import tensorflow as tf
 
@@ -278,7 +284,17 @@ def _tflite_model(model, scratch_parent):
         converter = tf.lite.TFLiteConverter.from_saved_model(
             saved_model, signature_keys=signature_keys
         )
-        return converter.convert()
+        try:
+            return converter.convert()
+        except Exception as error:  # its ConverterError is not public API
+            # Its message is a page of MLIR locations; the op list is the
+            # line that says what to change.
+            lines = [line.strip() for line in str(error).splitlines()]
+            named = [line for line in lines if " ops: " in line]
+            detail = "; ".join(named) or (lines or ["no message"])[0][:300]
+            raise ValueError(
+                f"`model` does not convert to TFLite ({detail})."
+            ) from None
 
 
 def _move_into_place(source, path):

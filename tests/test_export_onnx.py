@@ -1,4 +1,5 @@
-"""Tests of ONNX export, checked by ONNX Runtime and `onnx.checker`.
+"""Tests of ONNX export, checked by ONNX Runtime and `onnx.checker`, and of
+a variable-length model in TFLite's interpreter.
 
 References are the Keras models themselves, on the backend they were
 built or trained on: their logits (the default attention path) and their
@@ -25,6 +26,7 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -211,6 +213,26 @@ def test_variable_length_model_matches_at_every_length(backend_children,
     np.testing.assert_allclose(logits, np.asarray(model(tokens)), atol=1e-4)
 
 
+def test_variable_length_model_serves_every_length_in_tflite(tmp_path):
+    keras.utils.set_random_seed(5)
+    model = build_sequence_model(**VARIABLE)
+    path = export_model(model, str(tmp_path / "model.tflite"),
+                        format="tflite")
+    interpreter = tf.lite.Interpreter(model_path=path)
+    for length in LENGTHS:
+        tokens = padded_tokens(length, 3, length)
+        reference = keras_reference(model, tokens)
+        served = interpreter.get_signature_runner("serving_default")(
+            tokens=tokens)
+        np.testing.assert_allclose(served["logits"], reference["logits"],
+                                   rtol=0, atol=LOGITS_TOLERANCE)
+        weights = interpreter.get_signature_runner("attention")(
+            tokens=tokens)
+        np.testing.assert_allclose(weights["attention_0"],
+                                   reference["attention_0"], rtol=0,
+                                   atol=WEIGHTS_TOLERANCE)
+
+
 def test_cli_exports_a_tensorflow_run_and_prints_the_opset(tf_run, tmp_path,
                                                            capsys):
     out = str(tmp_path / "run.onnx")
@@ -238,6 +260,15 @@ class FixedBatch(keras.layers.Layer):
 
     def call(self, x):
         return keras.ops.reshape(x, (4,) + tuple(x.shape[1:]))
+
+
+class BoolNewAxes(keras.layers.Layer):
+    """Indexes a boolean tensor of free shape with new axes: a TensorFlow
+    op (StridedSlice) that TFLite's builtin ops do not cover."""
+
+    def call(self, x):
+        keep = (x[..., 0] > 0)[:, None, :, None]
+        return x * keras.ops.cast(keep[:, 0, :, :], x.dtype)
 
 
 def test_cli_bad_onnx_exports_exit_2_and_write_nothing(tf_run, tmp_path,
@@ -310,6 +341,13 @@ def test_failed_or_unconvertible_export_leaves_the_old_model(tmp_path,
         export_model(model, str(path), format="onnx", overwrite=True)
     assert os.listdir(tmp_path) == ["model.onnx"]
     assert path.read_bytes() == b"the served model"
+    # The TFLite converter's refusal, in one line.
+    unconvertible = keras.Model(tokens, BoolNewAxes()(model(tokens)))
+    with pytest.raises(ValueError, match=r"does not convert to TFLite "
+                                         r"\(TF Select ops: StridedSlice\)"):
+        export_model(unconvertible, str(tmp_path / "m.tflite"),
+                     format="tflite")
+    assert os.listdir(tmp_path) == ["model.onnx"]
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
