@@ -11,8 +11,7 @@ VOCAB = 8
 # A variable-length model: its position table holds 12 positions.
 VARIABLE = dict(vocab_size=VOCAB, seq_len=None, max_len=12, d_model=16,
                 key_dim=8, num_heads=2, ff_dim=16, num_layers=1)
-LENGTHS = (3, 12)  # the shortest tested and the position table's length
-RUN_LENGTH = 6  # the tiny reverse task's sequence length
+LENGTHS = (3, 12)  # 12: the whole position table
 
 
 def padded_tokens(seed, batch, length):
