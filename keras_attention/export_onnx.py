@@ -81,11 +81,17 @@ def onnx_model(model):
     function = tf.function(lambda tokens: serving_outputs(model, tokens),
                            input_signature=[spec])
     outputs = trace(function, spec).structured_outputs
-    with _quiet("tf2onnx"):
-        proto, _ = tf2onnx.convert.from_function(
-            function, input_signature=[spec], opset=ONNX_OPSET,
-            custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, [])},
-        )
+    try:
+        with _quiet("tf2onnx"):
+            proto, _ = tf2onnx.convert.from_function(
+                function, input_signature=[spec], opset=ONNX_OPSET,
+                custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, [])},
+            )
+    except Exception as error:  # the converter's own failures, any type
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise ValueError(
+            f"`model` does not convert to ONNX (tf2onnx: {reason[:300]})."
+        ) from None
     _name_dimensions(proto, outputs, spec)
     groups = {
         SERVING_SIGNATURE: [LOGITS, PREDICTIONS],
