@@ -15,7 +15,8 @@ Floors (a module imports only from its own floor, without cycles, or below):
   without TensorFlow);
 - 1, the layer: `layer` (and its private helpers), `recording`;
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
-  `tasks`, `diagnostics`, `export`.
+  `tasks`, `diagnostics`, `serving` (what an export serves), `export_onnx`,
+  `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
 by it. This module re-exports the names most users need.

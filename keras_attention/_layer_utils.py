@@ -131,9 +131,9 @@ class Masks(collections.namedtuple("Masks", "query key attention causal")):
     def combined(self, query_length, key_length):
         masks = []
         if self.query is not None:
-            masks.append(self.query[:, None, :, None])
+            masks.append(ops.expand_dims(self.query, (1, 3)))
         if self.key is not None:
-            masks.append(self.key[:, None, None, :])
+            masks.append(ops.expand_dims(self.key, (1, 2)))
         if self.attention is not None:
             masks.append(self.attention)
         if self.causal:

@@ -1,4 +1,4 @@
-"""Export a token model as a TensorFlow SavedModel, a `.keras` file or TFLite.
+"""Export a token model: a TensorFlow SavedModel, `.keras`, TFLite or ONNX.
 
 `export_model(model, path)` writes a SavedModel that serves without this
 package or Keras: plain `tf.saved_model.load(path)` in any TensorFlow process
@@ -11,9 +11,10 @@ runs it. It has two signatures, both taking int32 `tokens` `(B, T)`:
   ...), so a served model can show where it attends.
 
 `format="keras"` writes the native Keras file instead (load it with
-`keras.saving.load_model` after `import keras_attention`), and
+`keras.saving.load_model` after `import keras_attention`),
 `format="tflite"` converts the SavedModel to a TensorFlow Lite flat buffer
-with the same two signatures.
+with the same two signatures, and `format="onnx"` writes one ONNX graph
+with both groups of outputs, for ONNX Runtime (`keras_attention.export_onnx`).
 
 Every format is written to a temporary path beside `path` and renamed into
 place only once complete, so an interrupted export never leaves a partial
@@ -21,31 +22,40 @@ model at `path`, and an existing model is replaced only with
 `overwrite=True`.
 
 Floor 2: imports keras, TensorFlow (lazily, for the formats that need it),
-`keras_attention.{files, recording, validation}`.
+`keras_attention.{files, serving, export_onnx, validation}`.
 """
 
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import os
 import shutil
 import tempfile
 
 import keras
 
+from keras_attention import export_onnx
 from keras_attention.files import atomic_path
-from keras_attention.recording import attention_layers
-from keras_attention.recording import record_attention
+from keras_attention.serving import check_tensorflow_backend
+from keras_attention.serving import check_token_model
+from keras_attention.serving import serving_module
 from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 
-FORMATS = ("saved_model", "keras", "tflite")
-SERVING_SIGNATURE = "serving_default"
-ATTENTION_SIGNATURE = "attention"
-TOKENS = "tokens"
-LOGITS = "logits"
-PREDICTIONS = "predictions"
+FORMATS = ("saved_model", "keras", "tflite", "onnx")
+# The name a file format's path must end in; a SavedModel is a directory,
+# whose name must end in none of them.
+SUFFIXES = {"keras": ".keras", "tflite": ".tflite", "onnx": ".onnx"}
+# The modules each format imports to be written.
+PACKAGES = {
+    "saved_model": ("tensorflow",),
+    "keras": (),
+    "tflite": ("tensorflow",),
+    "onnx": export_onnx.PACKAGES,
+}
 
+_PACKAGE_NAMES = {"tensorflow": "TensorFlow"}
 _SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
@@ -57,10 +67,12 @@ def export_model(model, path, format="saved_model", overwrite=False):
             one output `(B, T, C)` of logits, such as the models of
             `keras_attention.models.build_sequence_model`. `T` may be `None`
             (variable length); the signatures then accept any length.
-        path: where to write: a directory for `"saved_model"`, a file for
-            `"keras"` (its name must end in `.keras`) and `"tflite"`.
-            Missing parent directories are created.
-        format: `"saved_model"` (default), `"keras"` or `"tflite"`.
+        path: where to write: a directory for `"saved_model"` (its name
+            must not end in a file format's suffix), a file for `"keras"`,
+            `"tflite"` and `"onnx"` (its name must end in `.keras`,
+            `.tflite`, `.onnx`). Missing parent directories are created.
+        format: `"saved_model"` (default), `"keras"`, `"tflite"` or
+            `"onnx"`.
         overwrite: replace an existing model at `path`. Without it an
             existing `path` is an error and is left untouched. Even with it,
             a directory that is not a SavedModel is never replaced.
@@ -69,10 +81,12 @@ def export_model(model, path, format="saved_model", overwrite=False):
         The absolute path written.
 
     Raises:
-        ValueError: on a model that does not map tokens to logits, an
-            unknown `format`, a `path` that exists (without `overwrite`), is
-            not writable or does not suit the format, or when Keras does not
-            run on the TensorFlow backend (SavedModel and TFLite only).
+        ValueError: on a model that does not map tokens to logits or
+            cannot take dynamic shapes, an unknown `format`, a `path` that
+            exists (without `overwrite`), is not writable or does not suit
+            the format, when a package the format needs is missing, or when
+            Keras does not run on the TensorFlow backend (all formats but
+            `"keras"`).
 
     Example:
 
@@ -92,9 +106,10 @@ def export_model(model, path, format="saved_model", overwrite=False):
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"`path` must be a non-empty path; received {path!r}.")
     path = os.path.abspath(os.fspath(path))
-    _check_token_model(model)
+    check_token_model(model)
+    check_packages(format)
     if format != "keras":
-        _check_tensorflow_backend(format)
+        check_tensorflow_backend(format)
     check_export_target(path, format, overwrite)
 
     with contextlib.ExitStack() as stack:
@@ -103,6 +118,8 @@ def export_model(model, path, format="saved_model", overwrite=False):
             _write_saved_model(model, staged)
         elif format == "keras":
             model.save(staged)
+        elif format == "onnx":
+            export_onnx.write_onnx(model, staged)
         else:
             flat_buffer = _tflite_model(model, os.path.dirname(path))
             with open(staged, "wb") as handle:
@@ -110,122 +127,33 @@ def export_model(model, path, format="saved_model", overwrite=False):
     return path
 
 
-def serving_module(model):
-    """A `tf.Module` serving `model` through the two export signatures.
-
-    Its `serving_default` and `attention` attributes are `tf.function`s with
-    an input signature of int32 `tokens` `(None, T)` (`T` from the model's
-    input, `None` when the model takes any length). The module tracks the
-    model's variables as plain `tf.Variable`s, not the Keras objects, so a
-    SavedModel of it loads without Keras.
-
-    Args:
-        model: a token-to-logits Keras model (see `export_model`).
-
-    Returns:
-        A tuple `(module, signatures)`: the module, and the dict of concrete
-        functions to pass as `signatures` to `tf.saved_model.save`.
-
-    Example:
-
-    ```python
-    module, signatures = serving_module(model)
-    tf.saved_model.save(module, "/tmp/served", signatures=signatures)
-    ```
-    """
-    _check_tensorflow_backend("saved_model")
-    import tensorflow as tf
-
-    sequence_length = _check_token_model(model)
-    spec = tf.TensorSpec((None, sequence_length), tf.int32, name=TOKENS)
-    input_dtype = keras.backend.standardize_dtype(model.inputs[0].dtype)
-
-    def checked(tokens):
-        # A signature's concrete function checks the dtype of its input but
-        # not its shape; check it here, before the model sees the tokens.
-        tokens = tf.ensure_shape(tokens, spec.shape, name="check_tokens_shape")
-        return tf.cast(tokens, input_dtype)
-
-    def serving_default(tokens):
-        logits = model(checked(tokens), training=False)
-        logits = tf.cast(logits, tf.float32)
-        predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {LOGITS: logits, PREDICTIONS: predictions}
-
-    def attention(tokens):
-        with record_attention(model) as records:
-            model(checked(tokens), training=False)
-        return {
-            name: tf.cast(record["weights"], tf.float32)
-            for name, record in records.items()
-        }
-
-    module = tf.Module(name="serving")
-    # Not named `serve`: the TFLite converter takes a SavedModel with a
-    # `serve` attribute for a `model.export` artifact and keeps only that.
-    module.serving_default = tf.function(
-        serving_default, input_signature=[spec]
-    )
-    signatures = {
-        SERVING_SIGNATURE: module.serving_default.get_concrete_function()
-    }
-    if attention_layers(model):
-        module.attention = tf.function(attention, input_signature=[spec])
-        signatures[ATTENTION_SIGNATURE] = (
-            module.attention.get_concrete_function()
-        )
-    # Track exactly the variables the traced functions read, as the
-    # `tf.Variable`s they capture: they are restored without Keras, and the
-    # TFLite converter can fold them into constants.
-    captured = {}
-    for function in signatures.values():
-        for variable in function.variables:
-            captured[id(variable)] = variable
-    module.model_variables = list(captured.values())
-    return module, signatures
-
-
 # ----------------------------------------------------------------- checks
-def _check_tensorflow_backend(format):
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            f'format="{format}" needs the TensorFlow backend of Keras; the '
-            f'backend is "{keras.backend.backend()}". Use format="keras".'
-        )
+def missing_packages(format):
+    """The modules that `format` needs and that are not installed."""
+    def installed(name):
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # A finder that refuses it.
+            return False
+
+    return [name for name in PACKAGES[format] if not installed(name)]
 
 
-def _check_token_model(model):
-    """Returns the model's sequence length `T` (or `None`) after checking
-    that it maps one `(B, T)` integer input to one rank-3 output."""
-    try:
-        inputs, outputs = model.inputs, model.outputs
-    except (AttributeError, ValueError):
-        inputs = outputs = None
-    if not inputs or not outputs:
-        raise ValueError(
-            "`model` must be built with a known input, such as a functional "
-            "model from `keras.Input`; it has no defined inputs/outputs."
-        )
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ValueError(
-            "`model` must have one input (token ids) and one output "
-            f"(logits); it has {len(inputs)} inputs and {len(outputs)} "
-            "outputs."
-        )
-    token_input, logits = inputs[0], outputs[0]
-    input_dtype = keras.backend.standardize_dtype(token_input.dtype)
-    if len(token_input.shape) != 2 or "int" not in input_dtype:
-        raise ValueError(
-            "`model` must take integer token ids of shape (batch, length); "
-            f"its input has shape {tuple(token_input.shape)} and dtype "
-            f"{token_input.dtype}."
-        )
-    if len(logits.shape) != 3:
-        raise ValueError(
-            "`model` must return logits of shape (batch, length, classes); "
-            f"its output has shape {tuple(logits.shape)}."
-        )
-    return token_input.shape[1]
+def check_packages(format):
+    """Raises `ValueError` naming the packages `format` needs and misses."""
+    missing = [_PACKAGE_NAMES.get(name, name)
+               for name in missing_packages(format)]
+    if not missing:
+        return
+    listed = " and ".join([", ".join(missing[:-1]), missing[-1]]
+                          if len(missing) > 1 else missing)
+    how = ('pip install "sdpa-keras-attention[onnx]"' if format == "onnx"
+           else "pip install tensorflow")
+    verb, pronoun = ("is", "it") if len(missing) == 1 else ("are", "them")
+    raise ValueError(
+        f'format="{format}" needs {listed}, which {verb} not installed '
+        f'({how}); format="keras" exports without {pronoun}.'
+    )
 
 
 def _is_saved_model(path):
@@ -254,9 +182,18 @@ def check_export_target(path, format="saved_model", overwrite=False):
     ```
     """
     path = os.path.abspath(os.fspath(path))
-    if format == "keras" and not path.endswith(".keras"):
+    suffix = SUFFIXES.get(format)
+    if suffix is not None and not path.endswith(suffix):
         raise ValueError(
-            f'`path` must end in ".keras" for format="keras"; received {path}.'
+            f'`path` must end in "{suffix}" for format="{format}"; received '
+            f"{path}."
+        )
+    named = [name for name, end in SUFFIXES.items() if path.endswith(end)]
+    if suffix is None and named:
+        raise ValueError(
+            f'`path` {path} names a format="{named[0]}" file, but '
+            f'format="{format}" writes a directory; give the matching '
+            "format or another path."
         )
     ancestor = os.path.dirname(path)
     while not os.path.lexists(ancestor):
@@ -284,9 +221,23 @@ def _stage(stack, path, directory):
     parent directories; returns the temporary path to write the export to.
 
     The export is renamed onto `path` by `_move_into_place`, which can
-    replace an existing SavedModel atomically.
+    replace an existing SavedModel atomically. The parent directories it
+    created are removed again when the export fails.
     """
     parent = os.path.dirname(path)
+    missing = parent
+    created = []  # deepest first
+    while not os.path.lexists(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+
+    def remove_created(kind, error, traceback):
+        if kind is not None:
+            for directory in created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)  # only while it is empty
+
+    stack.push(remove_created)  # runs after `atomic_path` has cleaned up
     try:
         os.makedirs(parent, exist_ok=True)
         return stack.enter_context(
@@ -316,7 +267,13 @@ def _tflite_model(model, scratch_parent):
     Conversion goes through a SavedModel (written to a scratch directory in
     `scratch_parent`, removed afterwards) because the converter's direct
     Keras 3 entry point (`from_keras_model`) fails on TF >= 2.16
-    (tensorflow/tensorflow#63867).
+    (tensorflow/tensorflow#63867), and Keras's own LiteRT exporter
+    (`model.export(format="litert")`, Keras 3.15) writes one signature,
+    `serving_default` with the logits alone (`output_0`).
+
+    Raises:
+        ValueError: when the converter refuses the model, naming the ops
+            it could not convert.
     """
     import tensorflow as tf
 
@@ -327,7 +284,17 @@ def _tflite_model(model, scratch_parent):
         converter = tf.lite.TFLiteConverter.from_saved_model(
             saved_model, signature_keys=signature_keys
         )
-        return converter.convert()
+        try:
+            return converter.convert()
+        except Exception as error:  # its ConverterError is not public API
+            # Its message is a page of MLIR locations; the op list is the
+            # line that says what to change.
+            lines = [line.strip() for line in str(error).splitlines()]
+            named = [line for line in lines if " ops: " in line]
+            detail = "; ".join(named) or (lines or ["no message"])[0][:300]
+            raise ValueError(
+                f"`model` does not convert to TFLite ({detail})."
+            ) from None
 
 
 def _move_into_place(source, path):

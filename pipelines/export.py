@@ -1,36 +1,42 @@
-"""Export a trained run's model: SavedModel (default), .keras or TFLite.
+"""Export a trained run's model: SavedModel (default), .keras, TFLite, ONNX.
 
     keras-attention export --logdir runs/reverse --out exported/reverse
     keras-attention export --logdir runs/reverse --out reverse.tflite
+    keras-attention export --logdir runs/reverse --out reverse.onnx
 
 The model is the run's `model.keras` when the run finished, else the latest
 checkpoint in `checkpoints/` (a run still training or killed). Without
 `--format` the format follows the name of `--out`: `.keras` writes the Keras
-file, `.tflite` a TensorFlow Lite model, anything else a SavedModel
-directory with the signatures `serving_default` (tokens -> logits,
-predictions) and `attention` (tokens -> each attention layer's weights).
+file, `.tflite` a TensorFlow Lite model, `.onnx` an ONNX model, anything
+else a SavedModel directory with the signatures `serving_default` (tokens
+-> logits, predictions) and `attention` (tokens -> each attention layer's
+weights). A `--format` whose suffix `--out` does not have is refused.
 
 The export is written beside `--out` and renamed into place when complete;
 an existing `--out` is replaced only with `--overwrite`.
 
-A run trained on any backend exports the same files: SavedModel and TFLite
-are TensorFlow's formats, so a process running Keras on JAX or torch hands
-them to a child process running Keras on TensorFlow, which loads the run's
-saved state (`model.keras` loads on every backend; checkpoints are numpy
-arrays). Without TensorFlow installed they are refused in one line, and
-`.keras` export still works.
+A run trained on any backend exports the same files: SavedModel, TFLite
+and ONNX are converted from TensorFlow (see `keras_attention.export_onnx`
+for why ONNX too), so a process running Keras on JAX or torch hands them to
+a child process running Keras on TensorFlow, which loads the run's saved
+state (`model.keras` loads on every backend; checkpoints are numpy arrays).
+Without the packages a format needs (TensorFlow; for ONNX also tf2onnx and
+onnx) it is refused in one line, and `.keras` export still works.
 """
 
-import importlib.util
 import os
+import re
 import subprocess
 import sys
 
 import keras
 
 from keras_attention.export import FORMATS
+from keras_attention.export import SUFFIXES
 from keras_attention.export import check_export_target
+from keras_attention.export import check_packages
 from keras_attention.export import export_model
+from keras_attention.export_onnx import onnx_info
 from pipelines.checkpoints import DamagedCheckpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
@@ -38,7 +44,7 @@ from pipelines.common import one_line
 from pipelines.failures import writing
 from pipelines.run_dir import restore_model
 
-_SUFFIX_FORMATS = {".keras": "keras", ".tflite": "tflite"}
+_SUFFIX_FORMATS = {suffix: format for format, suffix in SUFFIXES.items()}
 
 
 def add_arguments(parser):
@@ -53,8 +59,8 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--format", default=None, metavar="FORMAT",
-        help="saved_model, keras or tflite (default: from the suffix of "
-        "--out, .keras or .tflite, else saved_model)",
+        help="saved_model, keras, tflite or onnx (default: from the suffix "
+        "of --out, .keras, .tflite or .onnx, else saved_model)",
     )
     parser.add_argument(
         "--overwrite", action="store_true",
@@ -67,13 +73,19 @@ def run(args):
     path, format = export_run(
         args.logdir, args.out, format=args.format, overwrite=args.overwrite
     )
-    print(f"exported {format} model of {args.logdir} to {path}")
+    line = f"exported {format} model of {args.logdir} to {path}"
+    if format == "onnx":
+        info = onnx_info(path)
+        groups = "; ".join(f"{group}: {', '.join(names)}"
+                           for group, names in info["outputs"].items())
+        line += f" (ONNX opset {info['opset']}; outputs {groups})"
+    print(line)
     return 0
 
 
 def resolve_format(path, format=None):
     """The export format: `format`, or when `None` the one `path`'s suffix
-    names (`.keras`, `.tflite`), else `"saved_model"`.
+    names (`.keras`, `.tflite`, `.onnx`), else `"saved_model"`.
 
     Raises:
         UsageError: on an unknown format.
@@ -106,13 +118,16 @@ def check_out_path(path, format=None, overwrite=False, flag="--out"):
         The resolved format.
 
     Raises:
-        UsageError: on an unknown format, an existing `path` without
-            `overwrite`, or a `path` that cannot be written.
+        UsageError: on an unknown format, a format whose packages are not
+            installed, a `path` whose suffix does not match the format, an
+            existing `path` without `overwrite`, or a `path` that cannot be
+            written.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise UsageError(f"{flag} must be a path; got {path!r}")
     format = resolve_format(path, format)
     try:
+        check_packages(format)
         check_export_target(path, format, overwrite)
     except ValueError as error:
         raise UsageError(_command_line_wording(error, flag)) from None
@@ -125,8 +140,8 @@ def export_run(run_dir, path, format=None, overwrite=False):
     Args:
         run_dir: a directory written by `keras-attention train`.
         path: the export path.
-        format: `"saved_model"`, `"keras"`, `"tflite"`, or `None` to follow
-            the suffix of `path` (see `resolve_format`).
+        format: `"saved_model"`, `"keras"`, `"tflite"`, `"onnx"`, or
+            `None` to follow the suffix of `path` (see `resolve_format`).
         overwrite: replace an existing model at `path`.
 
     Returns:
@@ -134,8 +149,10 @@ def export_run(run_dir, path, format=None, overwrite=False):
 
     Raises:
         UsageError: on a missing or corrupt run directory, an unknown
-            format, or a `path` that exists (without `overwrite`) or cannot
-            be written. Nothing is written then.
+            format or one whose packages are missing, a model that cannot
+            take dynamic shapes, or a `path` that does not suit the format,
+            exists (without `overwrite`) or cannot be written. Nothing is
+            written then.
         WriteFailure: when the system refuses the export's writes (a full
             disk); nothing is left at or beside `path`.
 
@@ -161,21 +178,10 @@ def export_run(run_dir, path, format=None, overwrite=False):
     return written, format
 
 
-def _tensorflow_installed():
-    try:
-        return importlib.util.find_spec("tensorflow") is not None
-    except ImportError:  # A finder that refuses it.
-        return False
-
-
 def _export_in_tensorflow(run_dir, path, format, overwrite):
-    """`export_run` in a child process running Keras on TensorFlow; its one
-    line of error becomes this process's."""
-    if not _tensorflow_installed():
-        raise UsageError(
-            f"--format {format} needs TensorFlow, which is not installed "
-            "(pip install tensorflow); --format keras exports without it"
-        )
+    """`export_run` in a child process running Keras on TensorFlow (which
+    `check_out_path` found installed); its one line of error becomes this
+    process's."""
     command = [sys.executable, "-m", "pipelines", "export", "--logdir",
                os.fspath(run_dir), "--out", os.fspath(path), "--format",
                format] + (["--overwrite"] if overwrite else [])
@@ -220,6 +226,7 @@ def _command_line_wording(error, flag="--out"):
         message = message.replace(
             "pass overwrite=True to replace it", "remove it or choose another"
         )
+    message = re.sub(r'format="(\w+)"', r"--format \1", message)
     return (
         message.replace("`path`", flag)
         .replace("overwrite=True", "--overwrite")

@@ -420,7 +420,9 @@ def test_export_model_rejects_bad_arguments_before_writing(model, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cases = [
-        (dict(path=str(tmp_path / "m"), format="onnx"), "`format`"),
+        (dict(path=str(tmp_path / "m"), format="h5"), "`format`"),
+        (dict(path=str(tmp_path / "m"), format="onnx"), '".onnx"'),
+        (dict(path=str(tmp_path / "m.onnx")), 'a format="onnx" file'),
         (dict(path=str(tmp_path / "m.h5"), format="keras"), '".keras"'),
         (dict(path=str(taken), format="keras"), "overwrite=True"),
         (dict(path=str(plain_dir), overwrite=True), "holds no SavedModel"),
@@ -540,7 +542,9 @@ def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):
          "model.keras is damaged (File is not a zip file)"),
         (["--logdir", str(corrupt_config), "--out", out], "cannot restore"),
         (["--logdir", str(corrupt_checkpoint), "--out", out], "cannot restore"),
-        (["--logdir", good, "--out", out, "--format", "onnx"], "--format"),
+        (["--logdir", good, "--out", out, "--format", "h5"], "--format"),
+        (["--logdir", good, "--out", out, "--format", "onnx"],
+         'must end in ".onnx" for --format onnx'),
         (["--logdir", good, "--out", str(blocker / "m.keras")],
          "not writable"),
         (["--logdir", good, "--out", out, "--format", "keras"], '".keras"'),

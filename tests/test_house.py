@@ -56,6 +56,8 @@ FLOORS = {
     "keras_attention.tasks.text_patterns": 2,
     "keras_attention.diagnostics": 2,
     "keras_attention.diagnostics.length": 2,
+    "keras_attention.serving": 2,
+    "keras_attention.export_onnx": 2,
     "keras_attention.export": 2,
     "keras_attention.viz": 2,
     "keras_attention": 2,  # the package's re-exports

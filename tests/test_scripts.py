@@ -39,6 +39,7 @@ BAD_FLAGS = [
     ("bench_memory.py", ["--seq-lens", "1024,x"], "--seq-lens"),
     ("bench_memory.py", ["--case", "explicit"], "--case needs --seq-len"),
     ("bench_train.py", ["--task", "nope"], "--task"),
+    ("bench_export.py", ["--d-model", "30", "--heads", "4"], "--heads"),
     ("bench_train.py", ["--steps", "40", "--warmup", "40"], "--warmup"),
     ("gpu_check.py", ["--peak-tflops", "-1"], "--peak-tflops"),
     ("gpu_check.py", ["--smoke", "--layers", "0"], "--layers"),
