@@ -96,6 +96,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.budget_s = args.budget_s or DEFAULT_BUDGET_S[args.smoke]
     args.jobs = args.jobs or (2 if args.smoke else 4)
+    if args.arrays:  # the layer's worker runs in the checkout's root
+        args.arrays = os.path.abspath(args.arrays)
     if args.logdir and os.path.isdir(args.logdir) and os.listdir(args.logdir):
         parser.error(f"--logdir {args.logdir} is not empty; give a new one")
     return args
@@ -190,6 +192,10 @@ def stage_layer(check):
         os.path.join(check.logdir, "layer.log"),
     ).run(check.deadline("layer") + 30)
     section = check.results.load().stage("layer")
+    if done["timed_out"]:  # a case ran 30 s past the deadline
+        section.update(note="stopped in a case past the deadline",
+                       tail=done["tail"])
+        return "cut"
     if done["returncode"] != 0:
         section.update(error=_outcome(done), tail=done["tail"])
         return "failed"

@@ -9,13 +9,18 @@
 #   scripts/gpu_check.sh collect DIR     # here: DIR's results into
 #                                        # scripts/results/<date>-h200/
 #
-# The GPU call (one command, about 8 minutes; the tree and .whl/ travel):
+# The GPU call (one command, about 8 minutes), from the checkout that the
+# device call sends (its tracked files, about 1.3 MB, travel; .whl/ only
+# when carried):
 #   1. here:  scripts/gpu_check.sh wheels
 #   2. run:   command   = bash scripts/gpu_check.sh run --out "$OUT"
 #             carry     = [".whl"]
-#             timeout_s = 540
-#      (stages end by --budget-s, default 450 s; a rerun of one stage:
-#      bash scripts/gpu_check.sh run --out "$OUT" --stages sweep --budget-s 200)
+#             timeout_s = 500
+#      The stages end by --budget-s (default 450 s, so the command ends
+#      near 7.5 minutes); what ran is in $OUT even if the call is stopped.
+#      A rerun of the later stages on the still-warm machine, say:
+#      bash scripts/gpu_check.sh run --out "$OUT" --stages compare,sweep \
+#          --budget-s 200
 #   3. here:  scripts/gpu_check.sh collect <files_at of the reply>
 # $OUT gets gpu_check.json, gpu_check.txt (the tables), gpu_check.log,
 # comparison-default.md, comparison-full.md and sweep.md: six files.
@@ -23,7 +28,8 @@
 # What .whl/ holds: the Keras of this checkout's environment and what it
 # needs that the GPU machine lacks (its image has absl-py, h5py, ml-dtypes,
 # numpy, packaging, rich and typing-extensions): namex and optree, built
-# for CPython 3.12 on x86-64 Linux. Measured: 2.8 MiB.
+# for CPython 3.12 on x86-64 Linux. Measured: keras 3.15.1, namex 0.1.0,
+# optree 0.20.0; 2,897,577 bytes (2.8 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl
@@ -92,7 +98,7 @@ print(json.load(open(sys.argv[1]))["run"]["date"])' "$from/gpu_check.json")
     ls -l "$to"
     ;;
 *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,12p' "$0" >&2
     exit 2
     ;;
 esac
