@@ -115,6 +115,7 @@ def test_claim_3_on_text_is_decided_by_bits_per_character():
     assert holds is True
     assert "per seed +0.500, +0.200" in lines[0]
     assert "A training gap on every seed." in lines[0]
+    assert lines[-1].startswith("Claim 3 holds on text, as slower learning")
     # One seed under BITS_GAP: no gap on every seed, the claim fails.
     close = [2.1 + BITS_GAP / 2, 2.5]
     claim = learning_claim(_plan(), _text_results([2.1, 2.0], close))
