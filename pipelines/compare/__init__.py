@@ -195,10 +195,13 @@ def add_arguments(parser):
     """Adds the `compare` flags, the grid's and every `train` flag."""
     default, full = PRESETS["default"], PRESETS["full"]
     add_grid_arguments(
-        parser, PRESETS, "default",
+        parser, PRESETS, None,
         "default: init statistics at d_k 16,64,256,1024 and scaled vs "
         f"unscaled trained at 1024 with 3 seeds ({default.expected}); full: "
-        f"every arm trained at d_k 16..4096 with 5 seeds ({full.expected})")
+        f"every arm trained at d_k 16..4096 with 5 seeds ({full.expected}); "
+        "text (the choice for --task text): scaled vs unscaled on real "
+        f"text at d_k 1024, 3 seeds ({PRESETS['text'].expected}); text-gpu:"
+        " every arm on text at d_k up to 4096, 4 seeds")
     group = parser.add_argument_group("comparison")
     group.add_argument("--train-key-dims", metavar="D1,D2,...|all",
                        help="d_k values to train; the others are measured at "
@@ -216,6 +219,10 @@ def plan_from_args(args):
     Raises:
         UsageError: on any bad flag, before anything is written.
     """
+    if args.preset is None:
+        # Real text has its own grid; every other task the toy default.
+        args.preset = "text" if getattr(args, "task", None) == "text" \
+            else "default"
     train = args.train_key_dims
     if train is not None and train != "all":
         train = parse_int_list(train, "--train-key-dims")

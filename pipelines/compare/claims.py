@@ -13,6 +13,12 @@ import numpy as np
 # A claim-3 training gap: the scaled model's final accuracy ahead by this
 # much.
 GAP = 0.1
+# On text, claim 3's gap is in held-out bits per character, the task's
+# headline number: next-character accuracy is the top-1 hit rate of a
+# distribution over ~100 symbols and moves little while the loss still
+# falls. The unscaled model behind by this many bits per character (about
+# 2% of the 4.56-bit unigram baseline of the stdlib corpus) counts as a gap.
+BITS_GAP = 0.1
 # Claim 1: the unscaled/scaled score std ratio within this of sqrt(d_k).
 RATIO_TOLERANCE = 0.05
 # Claim 1: measured variances within this many standard errors of theory.
@@ -188,10 +194,22 @@ def _training_gap(results, key_dim):
     differences = [
         s["final_accuracy"] - u["final_accuracy"] for _, s, u in paired
     ]
+    bits = [u["final_bits"] - s["final_bits"] for _, s, u in paired
+            if s.get("final_bits") is not None
+            and u.get("final_bits") is not None]
+    if bits and len(bits) == len(paired):
+        # Text: the verdict is on bits per character (see BITS_GAP).
+        every, average = (all(b >= BITS_GAP for b in bits),
+                          float(np.mean(bits)) >= BITS_GAP)
+    else:
+        bits = None
+        every = bool(differences) and all(d >= GAP for d in differences)
+        average = bool(differences) and float(np.mean(differences)) >= GAP
     return {
         "key_dim": key_dim,
         "seeds": [seed for seed, _, _ in paired],
         "accuracy_difference": differences,
+        "bits_difference": bits,
         "scaled_reached": sum(
             s["steps_to_target"] is not None for _, s, _ in paired
         ),
@@ -201,10 +219,8 @@ def _training_gap(results, key_dim):
         "grad_scores_ratio": _init_ratio(paired, "grad_norm_scores"),
         "grad_query_ratio": _init_ratio(paired, "grad_norm_query"),
         "grad_key_ratio": _init_ratio(paired, "grad_norm_key"),
-        "gap_every_seed": bool(differences)
-        and all(d >= GAP for d in differences),
-        "gap_on_average": bool(differences)
-        and float(np.mean(differences)) >= GAP,
+        "gap_every_seed": every,
+        "gap_on_average": average,
     }
 
 

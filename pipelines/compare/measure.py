@@ -22,6 +22,10 @@ from pipelines.run_dir import read_metrics
 from pipelines.run_dir import restore_model
 
 HEATMAP_DIR = "heatmaps"
+# Longest side of a drawn map: a longer context (text at 256 or 512
+# characters) is pooled to at most this many cells a side, since a 512x512
+# map of one PNG panel shows no single cell anyway.
+MAX_HEATMAP_POSITIONS = 128
 
 
 # ---------------------------------------------------------------- probes
@@ -85,6 +89,38 @@ def probe_attention(diagnostics):
     return np.asarray(diagnostics["layers"][first_layer]["weights"])[0]
 
 
+def pool_attention(weights, labels, max_positions=MAX_HEATMAP_POSITIONS):
+    """Pools `(heads, T, S)` maps of a long context to at most
+    `max_positions` cells a side: blocks of `k = ceil(T / max_positions)`
+    positions, the mean over a block's queries and the sum over a block's
+    keys (so every row is still a distribution over the key blocks), each
+    block labelled by its positions' labels joined. Shorter maps come back
+    unchanged.
+
+    Returns:
+        `(weights, labels)`.
+    """
+    weights = np.asarray(weights)
+    length = weights.shape[-1]
+    if weights.shape[-2] != length or len(labels) != length:
+        raise ValueError("weights must be (heads, T, T) self-attention with "
+                         f"T labels; got {weights.shape}, {len(labels)} labels")
+    block = -(-length // max_positions)
+    if block == 1:
+        return weights, list(labels)
+    padded = -(-length // block) * block
+    # Padding queries would dilute the last block's mean: average over the
+    # real ones only; padding keys carry no weight.
+    grid = np.zeros(weights.shape[:-2] + (padded, padded))
+    grid[..., :length, :length] = weights
+    heads, cells = weights.shape[0], padded // block
+    sums = grid.reshape(heads, cells, block, cells, block).sum(axis=(2, 4))
+    counts = np.minimum(block, length - block * np.arange(cells))
+    pooled = sums / counts[None, :, None]
+    joined = ["".join(labels[i:i + block]) for i in range(0, length, block)]
+    return pooled, joined
+
+
 def heatmap_png(weights, labels, title):
     """PNG bytes of one example's labelled attention maps (all heads; queries
     down, keys across; one colour scale, [0, 1])."""
@@ -106,6 +142,10 @@ def _run_record(spec, metrics):
         "run": spec.name,
         "final_accuracy": metrics.get("heldout_accuracy"),
         "final_loss": metrics.get("heldout_loss"),
+        # Text runs: held-out bits per character and the unigram baseline
+        # beside it (None on the toy tasks).
+        "final_bits": metrics.get("heldout_bits_per_character"),
+        "unigram_bits": metrics.get("heldout_unigram_bits_per_character"),
         "steps": metrics.get("steps"),
         "steps_to_target": metrics.get("steps_to_target"),
         "target_accuracy": metrics.get("target_accuracy"),
@@ -136,11 +176,13 @@ def _write_heatmaps(spec, init, heatmap_dir):
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))
     task = build_task(spec.config)
-    labels = task.token_labels(build_probe_batch(spec.config, task)[0][0])
+    labels_at_full = task.token_labels(
+        build_probe_batch(spec.config, task)[0][0])
     entries = []
     for stage, diagnostics in stages:
         filename = f"{spec.name}-{stage}.png"
-        weights = probe_attention(diagnostics)
+        weights, labels = pool_attention(probe_attention(diagnostics),
+                                         labels_at_full)
         write_bytes_atomic(
             os.path.join(heatmap_dir, filename),
             heatmap_png(weights, labels, f"{spec.name}, {stage}"),

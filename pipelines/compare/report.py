@@ -34,6 +34,24 @@ def _stage_values(results, arm, key_dim, stage, key):
                       lambda r: (r["final"] or {}).get(key))
 
 
+def _bits_rows(plan, results, key_dim):
+    """Text runs: held-out bits per character per arm and the unigram
+    baseline beside it (no rows on the toy tasks)."""
+    rows = []
+    for label, key in (("held-out bits per character", "final_bits"),
+                       ("unigram baseline (bits per character)",
+                        "unigram_bits")):
+        values = [run_values(results, arm, key_dim, lambda r: r.get(key))
+                  for arm in plan.arms]
+        if any(v is not None for arm_values in values for v in arm_values):
+            # The baseline is the held-out text's, the same for every run:
+            # its mean alone.
+            digits = [fmt_mean_sd(v, 3) if key == "final_bits"
+                      else fmt_mean_sd(v[:1], 3) for v in values]
+            rows.append([label, *digits])
+    return rows
+
+
 def key_dim_table(plan, results, key_dim):
     """The Markdown table of one key_dim: arms side by side (lines)."""
     trained = key_dim in plan.trained_axis("key_dim")
@@ -44,6 +62,7 @@ def key_dim_table(plan, results, key_dim):
                                    lambda r: r["final_accuracy"]))
             for arm in plan.arms
         )])
+        rows += _bits_rows(plan, results, key_dim)
         rows.append([
             f"steps to {plan.base.target_accuracy:g} (seeds reaching)", *(
                 fmt_steps(run_values(results, arm, key_dim, lambda r: r))

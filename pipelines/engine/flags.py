@@ -33,6 +33,7 @@ from pipelines.engine.presets import ARMS
 from pipelines.engine.shards import resolve_shard
 from pipelines.flags import add_train_arguments
 from pipelines.flags import settings_from_args
+from pipelines.settings import value_types
 
 # Settings that are never an axis: what the arms and `--seeds` set, what
 # names the grid, and how runs are executed and reported.
@@ -170,7 +171,9 @@ def _axes(args, preset):
     user = {}
     for name in SETTINGS:
         values = getattr(args, name, None)
-        if not isinstance(values, list):
+        # A setting whose value is itself a list (`--text-file`, repeated)
+        # is one value for every run, not an axis.
+        if not isinstance(values, list) or value_types(name) == (list,):
             continue
         if len(values) > 1 or name in preset.axes:
             user[name] = _sorted(values)

@@ -179,6 +179,50 @@ COMPARE_PRESETS = {
             "overhead-bound on a GPU), many hours on a 2-core CPU"
         ),
     ),
+    # Real text (`--task text`, chosen by `compare --task text` without a
+    # --preset): the recall comparison's d_k 1024 at d_model 64, on a
+    # smaller text model than a plain `train --task text` so that four runs
+    # fit in about 10 minutes on 2 CPU cores. The task's own optimizer
+    # (Adam, 3e-3 with warmup): on text that is how the model is trained,
+    # so the claim is tested where a user would meet it. XLA off: at d_k
+    # 1024 and 128 characters its compile had not finished after 3 minutes
+    # on the shared 2 cores; without it a step took 92 ms (64 characters,
+    # batch 16, 2 layers of 1 head).
+    "text": Preset(
+        task="text",
+        settings=dict(
+            d_model=64, num_layers=2, num_heads=1, seq_len=64,
+            batch_size=16, value_dim=64, steps=600, eval_every=100,
+            diagnostics_every=100, checkpoint_every=300, heldout_size=256,
+            jit_compile="off",
+        ),
+        axes={"key_dim": (16, 64, 256, 1024)},
+        trained={"key_dim": (1024,)},
+        arms=("scaled", "unscaled"),
+        # Two seeds measured 5.5 minutes in all (62-74 s a run, 2 shared
+        # cores under a load of ~10); a third fits the 10-minute budget.
+        seeds=3,
+        options={"variance_samples": 20000},
+        expected="about 8 minutes on 2 CPU cores",
+    ),
+    # Text for a GPU: 256 characters, d_k up to 4096 trained, every arm,
+    # four seeds, 3000 steps (an estimate, not measured here).
+    "text-gpu": Preset(
+        task="text",
+        settings=dict(
+            d_model=128, num_layers=4, num_heads=4, seq_len=256,
+            batch_size=32, value_dim=64, steps=3000, eval_every=100,
+            diagnostics_every=250, checkpoint_every=500, heldout_size=1024,
+            jit_compile="on",
+        ),
+        axes={"key_dim": _INIT_KEY_DIMS},
+        trained={"key_dim": (1024, 4096)},
+        arms=tuple(ARMS),
+        seeds=4,
+        jobs=4,
+        options={"variance_samples": 20000},
+        expected="an estimate: about an hour on one GPU with --jobs 4",
+    ),
 }
 
 SWEEP_PRESETS = {
