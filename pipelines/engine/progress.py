@@ -28,7 +28,8 @@ class Progress:
         steps: `{run name: steps to train}` of the runs to train now.
         total: how many trained runs the grid has (with those already done).
         log: receives the finished-run lines.
-        stream: where the status line goes (default: stderr).
+        stream: where the status line goes (default: stdout: it is the
+            command's normal output, and stderr is kept for errors).
         every_s: seconds between status lines when `stream` is not a
             terminal.
         clock: the time source (seconds).
@@ -44,7 +45,7 @@ class Progress:
         self.total = total
         self.done = total - len(self.steps)
         self.log = log
-        self.stream = sys.stderr if stream is None else stream
+        self.stream = sys.stdout if stream is None else stream
         self.every_s = every_s
         self.clock = clock
         self.start = clock()
