@@ -63,6 +63,10 @@ ARMS = {
             "unscaled, with W_Q, W_K × d_k^−¼: the unscaled model started "
             "from the scaled model's unsaturated scores", scale="none",
             gain_exponent=-0.25),
+        Arm("ssmax",
+            "softmax(s_h·log(n)·QKᵀ/√d_k)V: Scalable-Softmax, n the keys a "
+            "query sees, s_h learned per head from 1/log(training length)",
+            scale="ssmax"),
     )
 }
 
@@ -136,6 +140,10 @@ assert TASK_DEFAULTS["recall"]["optimizer"] == "sgd", (
     "rescale them per parameter as Adam does")
 
 _INIT_KEY_DIMS = (16, 64, 256, 1024, 4096)
+# The CPU depth and length grids' measured times (see their presets).
+DEPTH_EXPECTED = "12 runs of 1000 steps, about 10 minutes on 2 CPU cores"
+LENGTH_SEEDS = 1
+LENGTH_EXPECTED = "8 runs of 1000 steps, about 10 minutes on 2 CPU cores"
 
 COMPARE_PRESETS = {
     # The README's demo: init statistics at four d_k (cheap), training at
@@ -174,10 +182,65 @@ COMPARE_PRESETS = {
         seeds=5,
         options={"variance_samples": 20000},
         expected=(
-            "175 runs of 2000 steps; roughly 30-60 minutes on one GPU with "
+            "200 runs of 2000 steps; roughly 35-70 minutes on one GPU with "
             "--jobs 4 (an estimate: a step of this small model is "
             "overhead-bound on a GPU), many hours on a 2-core CPU"
         ),
+    ),
+    # Claim 4 on a CPU: scaled vs unscaled at 1, 2 and 4 layers. d_k 256:
+    # measured (one seed, 1000 steps), unscaled attention trains at 1 layer
+    # (0.96, target at step 900) and fails at 2 and 4 (0.38, 0.11) while
+    # scaled reaches the target at every depth; at d_k 64 both arms train
+    # at every depth (>= 0.99), so depth has nothing to widen there.
+    "depth": Preset(
+        task="recall",
+        settings=dict(_COMPARISON, eval_every=100, diagnostics_every=500,
+                      checkpoint_every=500, heldout_size=512),
+        axes={"key_dim": (256,), "num_layers": (1, 2, 4)},
+        arms=("scaled", "unscaled"),
+        seeds=2,
+        options={"variance_samples": 20000},
+        expected=DEPTH_EXPECTED,
+    ),
+    # Claim 5 on a CPU: four scales trained at 16 and 64 pairs, the 16-pair
+    # runs evaluated at 16 to 128 pairs (128 keys: recall's keys are
+    # distinct), and the init curves at d_k 64.
+    "length": Preset(
+        task="recall",
+        settings=dict(_COMPARISON, num_keys=128, eval_every=100,
+                      diagnostics_every=500, checkpoint_every=500,
+                      heldout_size=512),
+        axes={"key_dim": (64,), "num_pairs": (16, 64)},
+        arms=("scaled", "unscaled", "qk_norm", "ssmax"),
+        seeds=LENGTH_SEEDS,
+        options={"variance_samples": 20000,
+                 "length_multiples": (1, 2, 4, 8)},
+        expected=LENGTH_EXPECTED,
+    ),
+    # Claims 4 and 5 as a paper would run them: for a GPU.
+    "depth_full": Preset(
+        task="recall",
+        settings=dict(_COMPARISON, eval_every=100, diagnostics_every=500,
+                      checkpoint_every=500, heldout_size=1024),
+        axes={"key_dim": (256, 1024), "num_layers": (1, 2, 4, 8)},
+        arms=("scaled", "unscaled", "qk_norm", "ssmax"),
+        seeds=5,
+        options={"variance_samples": 20000},
+        expected="160 runs of 1000 steps, up to 8 layers at d_k 1024: an "
+        "estimate of an hour or two on one GPU with --jobs 4 (not run yet)",
+    ),
+    "length_full": Preset(
+        task="recall",
+        settings=dict(_COMPARISON, num_keys=256, eval_every=100,
+                      diagnostics_every=500, checkpoint_every=500,
+                      heldout_size=1024),
+        axes={"key_dim": (64,), "num_pairs": (16, 64, 256)},
+        arms=("scaled", "unscaled", "qk_norm", "ssmax"),
+        seeds=5,
+        options={"variance_samples": 20000,
+                 "length_multiples": (1, 2, 4, 8)},
+        expected="60 runs of 1000 steps at 16, 64 and 256 pairs: an "
+        "estimate of 30-60 minutes on one GPU with --jobs 4 (not run yet)",
     ),
 }
 
