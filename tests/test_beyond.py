@@ -17,6 +17,7 @@ from pipelines import cli
 from pipelines.builders import build_model
 from pipelines.builders import build_task
 from pipelines.builders import seed_run
+from pipelines.compare.beyond import evaluated_runs
 from pipelines.compare.depth import depth_claim
 from pipelines.compare.depth import depth_verdict
 from pipelines.compare.extrapolate import evaluate
@@ -159,6 +160,13 @@ def test_claim_5_fades_at_init_in_training_and_when_extrapolating():
                                "ssmax": {16: 1.0, 64: 0.95}})
     records = _extrapolated({"scaled": (0.9, 0.6, 0.3),
                              "ssmax": (0.9, 0.85, 0.8)})
+    # The 64-pair runs at their own length: the weight the trained part
+    # is decided on.
+    records += [{"arm": arm, "seed": seed, "key_dim": 64, "train_pairs": 64,
+                 "multiple": 1, "eval_pairs": 64, "accuracy": 0.9,
+                 "relevant_weight": [weight, 0.0]}
+                for arm, weight in (("scaled", 0.45), ("ssmax", 0.8))
+                for seed in SEEDS]
     claim = length_claim(grid, results, _curves((0.99, 0.31), (0.9, 0.99)),
                          records, "num_pairs")
     assert claim["init"]["fades"] is True
@@ -166,9 +174,12 @@ def test_claim_5_fades_at_init_in_training_and_when_extrapolating():
     assert claim["init"]["half_weight_n"] == 4096
     assert claim["init"]["theory_half_weight_n"] == pytest.approx(
         1 + math.exp(8 - 0.5))
-    assert claim["trained"]["scaled_fall"] == pytest.approx(0.4)
-    assert claim["trained"]["ssmax_fall"] == pytest.approx(0.05)
-    assert claim["trained"]["fades"] is True
+    trained = claim["trained"]
+    assert trained["basis"] == "relevant_weight"
+    assert trained["scaled_fall"] == pytest.approx(0.9 - 0.45)
+    assert trained["ssmax_fall"] == pytest.approx(0.9 - 0.8)
+    assert trained["scaled_accuracy_fall"] == pytest.approx(0.4)
+    assert trained["fades"] is True
     extrapolation = claim["extrapolation"]
     assert extrapolation["scaled_weight_fall"] == pytest.approx(0.6)
     assert [row["eval_pairs"] for row in extrapolation["rows"]] == [16, 32, 64]
@@ -183,6 +194,7 @@ def test_claim_5_a_fall_every_arm_shares_is_not_fading():
                                "ssmax": {16: 1.0, 64: 0.48}})
     claim = length_claim(grid, results, _curves((0.99, 0.31), (0.9, 0.99)),
                          [], "num_pairs")
+    assert claim["trained"]["basis"] == "accuracy"
     assert claim["trained"]["fades"] is False
     assert claim["extrapolation"]["fades"] is None
     assert claim["holds"] is False
@@ -191,6 +203,19 @@ def test_claim_5_a_fall_every_arm_shares_is_not_fading():
                          [], None)
     assert claim["init"]["fades"] is False and claim["holds"] is False
     assert "does NOT fade" in length_verdict(claim)[0][0]
+
+
+def test_the_runs_evaluated_at_lengths():
+    grid = _grid({"num_pairs": [16, 64], "num_layers": [1, 2]},
+                 arms=("scaled", "ssmax"))
+    grid.options["length_multiples"] = [1, 2, 4]
+    chosen = {(run.arm, run.num_pairs, run.num_layers, run.seed): multiples
+              for run, multiples in evaluated_runs(grid)}
+    # One layer only (the slice of the other axis); the shortest length
+    # at every multiple, the longer one at its own length.
+    assert chosen == {(arm, pairs, 1, seed): [1, 2, 4] if pairs == 16
+                      else [1] for arm in ("scaled", "ssmax")
+                      for pairs in (16, 64) for seed in SEEDS}
 
 
 # ------------------------------------------------- evaluation at length

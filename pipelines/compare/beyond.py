@@ -31,18 +31,28 @@ def _shortest(plan, axis):
     return config
 
 
-def extrapolated_runs(plan):
-    """The trained runs evaluated at longer lengths: at the largest trained
-    d_k and the shortest trained length, the other axes at their slice."""
-    if not plan.options.get("length_multiples"):
+def evaluated_runs(plan):
+    """`[(run, multiples)]`: the recall runs measured at lengths, at the
+    largest trained d_k with the other axes at their slice: those at the
+    shortest trained length at `length_multiples`, the others at their own
+    length (1x, for the query's weight on its pair)."""
+    if plan.base.task != "recall":
         return []
     axis = length_axis(plan)
     key_dim = plan.trained_axis("key_dim")[-1]
-    return [run for run in plan.trained_runs()
-            if run.key_dim == key_dim and in_slice(plan, run.values,
-                                                   except_axis=axis)
-            and (axis is None or run.values[axis]
-                 == plan.trained_axis(axis)[0])]
+    multiples = list(plan.options.get("length_multiples") or ())
+    chosen = []
+    for run in plan.trained_runs():
+        if run.key_dim != key_dim or not in_slice(plan, run.values,
+                                                  except_axis=axis):
+            continue
+        shortest = axis is None or run.values[axis] == plan.trained_axis(
+            axis)[0]
+        if shortest and multiples:
+            chosen.append((run, multiples))
+        elif axis is not None:
+            chosen.append((run, [1]))
+    return chosen
 
 
 def measure_beyond(plan, results, log=print):
@@ -58,8 +68,6 @@ def measure_beyond(plan, results, log=print):
         curves = init_curves(key_dims[-1], reference)
         log(f"length: init curves at d_k {key_dims[-1]} for "
             f"{', '.join(curves['modes'])}")
-        records = extrapolation(plan, extrapolated_runs(plan),
-                                plan.options.get("length_multiples") or (),
-                                log)
+        records = extrapolation(plan, evaluated_runs(plan), log)
         claims["5"] = length_claim(plan, results, curves, records, axis)
     return claims

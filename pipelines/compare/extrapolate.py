@@ -144,26 +144,26 @@ def evaluate_run(config, multiples, heldout_size):
     return rows
 
 
-def extrapolation(plan, runs, multiples, log=print):
-    """Every given trained run evaluated at each of `multiples`.
+def extrapolation(plan, runs, log=print):
+    """Trained recall runs evaluated at multiples of their length.
 
     Args:
         plan: the `Grid`.
-        runs: the grid's `Run`s to evaluate.
-        multiples: the length multiples (1 is the training length).
+        runs: `[(run, multiples)]`: a finished `Run` of the grid and the
+            length multiples to evaluate it at (1 is its own length).
 
     Returns:
         `[{"arm", "seed", "key_dim", "train_pairs", "multiple",
         "eval_pairs", "accuracy", "relevant_weight"}]`.
     """
     records = []
-    for run in runs:
+    for run, multiples in runs:
         for row in evaluate_run(run.config, multiples,
                                 plan.base.heldout_size):
             records.append({"arm": run.arm, "seed": run.seed,
                             "key_dim": run.config.key_dim,
                             "train_pairs": run.config.num_pairs, **row})
     if runs:
-        log(f"length: {len(runs)} runs evaluated at "
-            f"{', '.join(f'{m}x' for m in multiples)} their length")
+        log(f"length: {len(runs)} recall runs evaluated held-out at "
+            "multiples of their length")
     return records

@@ -76,8 +76,19 @@ def _half_point(curve):
                 None)
 
 
-def _trained_rows(plan, results, axis):
-    """Per value of the length axis: per arm the final accuracies."""
+def _weights(records, arm, train_pairs, multiple):
+    """The relevant weight (the largest of the layers' means) and the
+    accuracy of each evaluated seed."""
+    chosen = [r for r in records if r["arm"] == arm
+              and r["train_pairs"] == train_pairs
+              and r["multiple"] == multiple]
+    return ([max(r["relevant_weight"]) for r in chosen],
+            [r["accuracy"] for r in chosen])
+
+
+def _trained_rows(plan, results, axis, evaluated):
+    """Per value of the length axis: per arm the final accuracies and, for
+    recall, the query's weight on its pair at the trained length."""
     key_dim = plan.trained_axis("key_dim")[-1]
     rows = []
     for length in plan.trained_axis(axis):
@@ -86,33 +97,37 @@ def _trained_rows(plan, results, axis):
             records = [r for r in results["runs"] if r["arm"] == arm
                        and r["key_dim"] == key_dim and r.get(axis) == length
                        and in_slice(plan, r, except_axis=axis)]
+            weight = _weights(evaluated, arm, length, 1)[0]
             arms[arm] = {"final_accuracy": [r["final_accuracy"]
                                             for r in records],
                          "mean": mean_sd([r["final_accuracy"]
                                           for r in records])[0],
-                         "steps": [r["steps_to_target"] for r in records]}
+                         "steps": [r["steps_to_target"] for r in records],
+                         "relevant_weight": weight,
+                         "relevant_weight_mean": mean_sd(weight)[0]}
         rows.append({axis: length, "arms": arms})
     return rows
 
 
 def _extrapolation_rows(plan, records):
-    """Per multiple: per arm accuracy and relevant weight (the largest of
-    the layers' means) over seeds."""
-    multiples = sorted({r["multiple"] for r in records})
+    """Per multiple of the shortest evaluated length (when it was
+    evaluated at more than 1x): per arm accuracy and relevant weight over
+    seeds."""
+    shortest = min((r["train_pairs"] for r in records), default=None)
+    multiples = sorted({r["multiple"] for r in records
+                        if r["train_pairs"] == shortest})
+    if len(multiples) < 2:
+        return []
     rows = []
     for multiple in multiples:
         arms = {}
         for arm in plan.arms:
-            chosen = [r for r in records
-                      if r["arm"] == arm and r["multiple"] == multiple]
-            accuracy = [r["accuracy"] for r in chosen]
-            weight = [max(r["relevant_weight"]) for r in chosen]
+            weight, accuracy = _weights(records, arm, shortest, multiple)
             arms[arm] = {"accuracy": accuracy,
                          "accuracy_mean": mean_sd(accuracy)[0],
                          "relevant_weight": weight,
                          "relevant_weight_mean": mean_sd(weight)[0]}
-        rows.append({"multiple": multiple,
-                     "eval_pairs": chosen[0]["eval_pairs"] if chosen else None,
+        rows.append({"multiple": multiple, "eval_pairs": multiple * shortest,
                      "arms": arms})
     return rows
 
@@ -134,9 +149,13 @@ def _fades(rows, get):
                                              or aware <= scaled - GAP)
 
 
-def length_claim(plan, results, curves, extrapolated, axis):
+def length_claim(plan, results, curves, evaluated, axis):
     """Claim 5 from the init curves, the trained runs along `axis` (or
-    None) and the extrapolation records.
+    None) and the records of the recall runs evaluated at lengths
+    (`extrapolate.extrapolation`).
+
+    The trained part is decided on the query's weight on its pair where
+    every length has it (recall), else on the final accuracy (`"basis"`).
 
     Returns:
         `{"holds", "key_dim", "init": {..., "curves"}, "trained": {...},
@@ -150,19 +169,27 @@ def length_claim(plan, results, curves, extrapolated, axis):
             "half_weight_n_ssmax": _half_point(curves["modes"]["ssmax"]),
             "theory_half_weight_n": _theory_half(curves["key_dim"]),
             "curves": curves}
-    trained_rows = _trained_rows(plan, results, axis) if axis else []
-    fall, aware, fades = _fades(trained_rows, lambda arm: arm["mean"])
-    trained = {"axis": axis, "rows": trained_rows, "scaled_fall": fall,
-               "ssmax_fall": aware, "fades": fades}
-    rows = _extrapolation_rows(plan, extrapolated)
+    trained_rows = _trained_rows(plan, results, axis, evaluated) if axis \
+        else []
+    basis = ("relevant_weight" if trained_rows and all(
+        row["arms"].get(REFERENCE, {}).get("relevant_weight")
+        for row in trained_rows) else "accuracy")
+    key = "relevant_weight_mean" if basis == "relevant_weight" else "mean"
+    fall, aware, fades = _fades(trained_rows, lambda arm: arm[key])
+    accuracy = _fades(trained_rows, lambda arm: arm["mean"])
+    trained = {"axis": axis, "rows": trained_rows, "basis": basis,
+               "scaled_fall": fall, "ssmax_fall": aware, "fades": fades,
+               "scaled_accuracy_fall": accuracy[0],
+               "ssmax_accuracy_fall": accuracy[1]}
+    rows = _extrapolation_rows(plan, evaluated)
     fall, aware, fades = _fades(rows, lambda arm: arm["relevant_weight_mean"])
-    accuracy_fall = _fades(rows, lambda arm: arm["accuracy_mean"])
+    accuracy = _fades(rows, lambda arm: arm["accuracy_mean"])
     extrapolation = {"rows": rows, "scaled_weight_fall": fall,
                      "ssmax_weight_fall": aware,
-                     "scaled_accuracy_fall": accuracy_fall[0],
-                     "ssmax_accuracy_fall": accuracy_fall[1],
+                     "scaled_accuracy_fall": accuracy[0],
+                     "ssmax_accuracy_fall": accuracy[1],
                      "fades": (None if fall is None else fall >= GAP),
-                     "records": list(extrapolated)}
+                     "records": list(evaluated)}
     evidence = [part["fades"] for part in (trained, extrapolation)
                 if part["fades"] is not None]
     return {"holds": init["fades"] and all(evidence),
@@ -212,8 +239,15 @@ def length_verdict(claim):
                 f"{arm} " + " → ".join(fmt(row["arms"][arm]["mean"], 2)
                                        for row in trained["rows"])
                 for arm in first["arms"])
+            + (". The query's weight on its pair at the trained length: "
+               + "; ".join(f"{arm} " + " → ".join(
+                   fmt(row["arms"][arm]["relevant_weight_mean"], 2)
+                   for row in trained["rows"]) for arm in first["arms"])
+               if trained["basis"] == "relevant_weight" else "")
             + ". " + _fade_words(trained["fades"], trained["scaled_fall"],
-                                 trained["ssmax_fall"], "accuracy",
+                                 trained["ssmax_fall"],
+                                 "relevant weight" if trained["basis"]
+                                 == "relevant_weight" else "accuracy",
                                  f"{first[axis]} to {last[axis]}"))
     extrapolation = claim["extrapolation"]
     if extrapolation["rows"]:
@@ -253,7 +287,7 @@ def _fade_words(fades, scaled, aware, what, span):
 
 
 # -------------------------------------------------------------- section
-def length_section(plan, claim, results):
+def length_section(plan, claim):
     """The report's lines on claim 5: the init curves, the trained lengths
     and the extrapolation."""
     curves = claim["init"]["curves"]
@@ -274,21 +308,25 @@ def length_section(plan, claim, results):
     trained = claim["trained"]
     if trained["rows"]:
         axis, arms = trained["axis"], list(plan.arms)
-        key_dim = plan.trained_axis("key_dim")[-1]
+        weights = trained["basis"] == "relevant_weight"
         rows = []
         for row in trained["rows"]:
-            records = {arm: [r for r in results["runs"] if r["arm"] == arm
-                             and r["key_dim"] == key_dim
-                             and r.get(axis) == row[axis]
-                             and in_slice(plan, r, except_axis=axis)]
-                       for arm in arms}
-            rows.append([str(row[axis])] + [
-                fmt_mean_sd(row["arms"][arm]["final_accuracy"])
-                for arm in arms] + [fmt_steps(records[arm]) for arm in arms])
+            values = row["arms"]
+            rows.append(
+                [str(row[axis])]
+                + [fmt_mean_sd(values[arm]["final_accuracy"]) for arm in arms]
+                + [fmt_steps([{"steps_to_target": steps} for steps
+                              in values[arm]["steps"]]) for arm in arms]
+                + ([fmt_mean_sd(values[arm]["relevant_weight"])
+                    for arm in arms] if weights else []))
         lines += [f"Trained at each {axis} (final held-out accuracy, mean ± "
-                  "sd over seeds; steps to target):", "",
-                  *markdown_table([axis, *arms, *(f"steps {a}" for a in arms)],
-                                  rows), ""]
+                  "sd over seeds; steps to target"
+                  + ("; the query's weight on its pair" if weights else "")
+                  + "):", "",
+                  *markdown_table(
+                      [axis, *arms, *(f"steps {a}" for a in arms),
+                       *((f"weight {a}" for a in arms) if weights else ())],
+                      rows), ""]
     rows = claim["extrapolation"]["rows"]
     if rows:
         arms = list(plan.arms)

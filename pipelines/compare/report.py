@@ -268,7 +268,7 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
     if "4" in claims:
         lines += depth_section(plan, claims["4"], every_run)
     if "5" in claims:
-        lines += length_section(plan, claims["5"], every_run)
+        lines += length_section(plan, claims["5"])
     lines += ["## Results per key_dim (mean ± sd over seeds)", ""]
     for key_dim in reversed(plan.axis("key_dim")):
         trained = key_dim in plan.trained_axis("key_dim")

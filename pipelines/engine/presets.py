@@ -142,8 +142,11 @@ assert TASK_DEFAULTS["recall"]["optimizer"] == "sgd", (
 _INIT_KEY_DIMS = (16, 64, 256, 1024, 4096)
 # The CPU depth and length grids' measured times (see their presets).
 DEPTH_EXPECTED = "12 runs of 1000 steps, about 10 minutes on 2 CPU cores"
-LENGTH_SEEDS = 1
-LENGTH_EXPECTED = "8 runs of 1000 steps, about 10 minutes on 2 CPU cores"
+LENGTH_EXPECTED = "16 runs of 1000 steps, about 10 minutes on 2 CPU cores"
+# The length grids' training (see the length preset).
+_LENGTH = dict(_COMPARISON, optimizer="adam", learning_rate=3e-3,
+               warmup_steps=100, lr_schedule="cosine", num_keys=128,
+               eval_every=100, diagnostics_every=500, checkpoint_every=500)
 
 COMPARE_PRESETS = {
     # The README's demo: init statistics at four d_k (cheap), training at
@@ -204,15 +207,18 @@ COMPARE_PRESETS = {
     ),
     # Claim 5 on a CPU: four scales trained at 16 and 64 pairs, the 16-pair
     # runs evaluated at 16 to 128 pairs (128 keys: recall's keys are
-    # distinct), and the init curves at d_k 64.
+    # distinct), and the init curves at d_k 64. Adam, as the positional
+    # tasks train: with the comparison's SGD (0.01, constant) no arm
+    # trained at 64 pairs in 1000 steps (measured: all four at 0.05-0.06,
+    # chance 0.0625), nor with the recall defaults (SGD 0.05, cosine:
+    # 0.066); Adam 3e-3 reached the target at step 400. The claim is about
+    # the number of keys, not the raw gradients SGD keeps.
     "length": Preset(
         task="recall",
-        settings=dict(_COMPARISON, num_keys=128, eval_every=100,
-                      diagnostics_every=500, checkpoint_every=500,
-                      heldout_size=512),
+        settings=dict(_LENGTH, heldout_size=512),
         axes={"key_dim": (64,), "num_pairs": (16, 64)},
         arms=("scaled", "unscaled", "qk_norm", "ssmax"),
-        seeds=LENGTH_SEEDS,
+        seeds=2,
         options={"variance_samples": 20000,
                  "length_multiples": (1, 2, 4, 8)},
         expected=LENGTH_EXPECTED,
@@ -231,9 +237,7 @@ COMPARE_PRESETS = {
     ),
     "length_full": Preset(
         task="recall",
-        settings=dict(_COMPARISON, num_keys=256, eval_every=100,
-                      diagnostics_every=500, checkpoint_every=500,
-                      heldout_size=1024),
+        settings=dict(_LENGTH, num_keys=256, heldout_size=1024),
         axes={"key_dim": (64,), "num_pairs": (16, 64, 256)},
         arms=("scaled", "unscaled", "qk_norm", "ssmax"),
         seeds=5,
