@@ -268,20 +268,32 @@ def length_verdict(claim):
                                  extrapolation["ssmax_weight_fall"],
                                  "relevant weight",
                                  f"1× to {rows[-1]['multiple']}×"))
+    parts = (("at init", init["fades"]),
+             ("when trained at each length", trained["fades"]),
+             ("when trained at one length and read at longer ones",
+              extrapolation["fades"]))
+    faded = [name for name, fades in parts if fades]
+    held = [name for name, fades in parts if fades is False]
     lines.append(
         "Claim 5 holds: the scaled attention fades at init and in every "
         "trained measurement." if claim["holds"] else
-        "Claim 5 is NOT supported as a whole: see which measurement above "
-        "does not fade.")
+        "Claim 5 is NOT supported as a whole: the scaled attention fades "
+        + (" and ".join(faded) if faded else "in no measurement")
+        + ", but not " + " or ".join(held) + ".")
     return lines, claim["holds"]
+
+
+def _change(fall):
+    """A fall as words: `falls by 0.11`, `rises by 0.02`."""
+    return f"falls by {fall:.2f}" if fall >= 0 else f"rises by {-fall:.2f}"
 
 
 def _fade_words(fades, scaled, aware, what, span):
     if fades is None:
         return "Not enough to decide."
-    text = f"Scaled {what} falls by {scaled:+.2f} from {span}"
+    text = f"From {span} the scaled {what} {_change(scaled)}"
     if aware is not None:
-        text += f", ssmax by {aware:+.2f}"
+        text += f", ssmax's {_change(aware)}"
     return text + (": the scaled attention fades here." if fades else
                    ": no fading specific to the 1/√d_k scale here.")
 
