@@ -280,6 +280,21 @@ def test_evaluate_uniform_attention_and_accuracy_by_hand():
     assert found["accuracy"] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--task", "reverse", "--length-multiples", "2"], "recall only"),
+    # 8 x 16 pairs need 128 distinct keys; recall's default is 64.
+    (["--length-multiples", "1,8"], "--num-keys >= 128"),
+    (["--length-multiples", "0"], "--length-multiples"),
+])
+def test_bad_length_multiples_exit_2_with_one_line(flags, message, tmp_path,
+                                                   capsys):
+    status = cli.main(["compare", *flags, "--logdir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert status == 2 and message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "r")
+
+
 # --------------------------------------------------------- end to end
 def test_a_tiny_comparison_over_depth(tmp_path):
     logdir = str(tmp_path / "runs")

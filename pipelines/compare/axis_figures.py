@@ -67,15 +67,14 @@ def depth_entropy_figure(document):
     for ax, row in zip(axes[0], rows):
         for arm in _arms(document, row["arms"]):
             values = row["arms"][arm]
-            for stage, style in (("entropy_init", "-"),
-                                 ("entropy_final", "--")):
+            for stage, style, when in (("entropy_init", "-", "init"),
+                                       ("entropy_final", "--", "end")):
                 series = values[stage]
                 if not series:
                     continue
                 layers = list(range(1, len(series["mean"]) + 1))
                 ax.plot(layers, series["mean"], color=colour(arm),
-                        linestyle=style, marker="o",
-                        label=f"{arm} {'init' if stage == 'entropy_init' else 'end'}")
+                        linestyle=style, marker="o", label=f"{arm} {when}")
         ax.set_xticks(list(range(1, row["num_layers"] + 1)))
         ax.set_xlabel("layer (1 = bottom)")
         _finish(ax, "entropy / log(#keys)", f"{row['num_layers']} layer(s)")

@@ -16,9 +16,10 @@ the file, so the pictures and the numbers have one source):
                         unscaled and their difference (`"heatmaps"`)
 
 and, when the comparison measured claims 4 and 5, (f) to (j) of
-`axis_figures`. `pipelines.plotting.write_figures` saves them as PNG under `figures/` and
-returns them as SVG text too, for comparison.html. Every line carries its series' name as its
-label (the arm, or the ratio), so the drawn data can be read back.
+`axis_figures`. `pipelines.plotting.write_figures` saves them as PNG under
+`figures/` and returns them as SVG text too, for comparison.html. Every
+line carries its series' name as its label (the arm, or the ratio), so the
+drawn data can be read back.
 """
 
 from keras_attention.viz import plot_attention_pair

@@ -213,8 +213,9 @@ def length_verdict(claim):
     half = init["half_weight_n"]
     lines = [
         f"At init (d_k {curves['key_dim']}, one relevant key among n): the "
-        f"relevant key's weight under 1/√d_k is {sqrt['relevant_weight'][0]:.2f}"
-        f" at n {n[0]} and {sqrt['relevant_weight'][-1]:.2f} at n {n[-1]} "
+        "relevant key's weight under 1/√d_k is "
+        f"{sqrt['relevant_weight'][0]:.2f} at n {n[0]} and "
+        f"{sqrt['relevant_weight'][-1]:.2f} at n {n[-1]} "
         f"(theory {sqrt['theory']['relevant_weight'][0]:.2f} and "
         f"{sqrt['theory']['relevant_weight'][-1]:.2f}); ssmax "
         f"{ssmax[0]:.2f} and {ssmax[-1]:.2f}. "
