@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.util import tensor_util
 
 from keras_attention import diagnostics as diag
+from keras_attention.diagnostics.drawing import LabelledHeatmaps
 from keras_attention.events import SummaryWriter
 from keras_attention.layer import ScaledDotProductAttention
 
@@ -307,6 +308,32 @@ def test_write_diagnostics_tags_values_and_images(tmp_path):
     assert abs(height - 3 * cell) <= 2
     cold = decoded[top + 1:top + height - 1, last + 2:last + 4 * cell - 1]
     assert np.all(cold == diag.colorize(0.0))
+
+
+def test_heatmaps_of_examples_with_labels_of_other_lengths(tmp_path):
+    # Each tile's margin fits its longest label: two examples whose labels
+    # differ in length make tiles of two sizes, padded white to one.
+    weights = np.full((2, 1, 3, 3), 1.0 / 3)
+    stats = diag.layer_statistics(
+        {"weights": weights, "scores": np.zeros_like(weights), "mask": None})
+    stats.update(grad_norm_query=0.0, grad_norm_key=0.0,
+                 grad_norm_value=0.0, grad_norm_scores=0.0)
+    labels = [["a", "b", "c"], ["a", "b", "a-much-longer-label"]]
+    writer = SummaryWriter(tmp_path)
+    diag.write_diagnostics({"layers": {"l": stats}, "summary": {}}, step=0,
+                           writer=writer, query_labels=labels)
+    writer.close()
+    ((_, _, tensor),) = read_events(str(tmp_path))["attention/l/heatmap/head0"]
+    first, second = (decode_png(png) for png in tensor[2:])
+    # Each tile as the renderer draws it alone (PNG is lossless).
+    tiles = [LabelledHeatmaps(vmax=1.0).render(
+        weights[i, 0], labels[i], title=f"head 0, example {i}")
+        for i in range(2)]
+    height, width = tiles[0].shape[:2]
+    assert tiles[1].shape[1] > width and first.shape == tiles[1].shape
+    np.testing.assert_array_equal(second, tiles[1])
+    np.testing.assert_array_equal(first[:height, :width], tiles[0])
+    assert np.all(first[height:] == 255) and np.all(first[:, width:] == 255)
 
 
 def test_write_diagnostics_labels_and_long_sequences(tmp_path):

@@ -14,9 +14,17 @@ from keras_attention.diagnostics.length import length_at_init
 LENGTHS = (16, 128, 1024)
 
 
-def numpy_monte_carlo(score_scale, key_dim, lengths, trials, seed):
+def _normalized(x):
+    """Zero mean, unit variance over the last axis (a layer norm)."""
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6)
+
+
+def numpy_monte_carlo(score_scale, key_dim, lengths, trials, seed,
+                      qk_norm=False):
     """Means and standard errors of the five statistics, float64 numpy:
-    `score_scale(n)` multiplies q·k; the relevant key is sqrt(d) q/|q|."""
+    `score_scale(n)` multiplies q·k; the relevant key is sqrt(d) q/|q|;
+    with `qk_norm` q and every key are layer-normalized first."""
     rng = np.random.default_rng(seed)
     found = {name: [] for name in STATISTICS}
     for n in lengths:
@@ -24,6 +32,8 @@ def numpy_monte_carlo(score_scale, key_dim, lengths, trials, seed):
         random = rng.standard_normal((trials, n, key_dim))
         relevant = math.sqrt(key_dim) * q / np.linalg.norm(q, axis=1,
                                                            keepdims=True)
+        if qk_norm:
+            q, random, relevant = map(_normalized, (q, random, relevant))
         recall = np.concatenate([relevant[:, None], random[:, 1:]], axis=1)
         rows = []
         for keys in (recall, random):
@@ -50,6 +60,19 @@ def test_measurement_matches_a_numpy_monte_carlo(scale, score_scale):
     np.testing.assert_array_equal(found["num_keys"], LENGTHS)
     np.testing.assert_allclose(found["score_scale"],
                                [score_scale(n) for n in LENGTHS], rtol=1e-6)
+    for name in STATISTICS:
+        mean, sem = expected[name].T
+        tolerance = 4 * np.hypot(sem, found[f"{name}_sem"]) + 2e-3
+        assert np.all(np.abs(found[name] - mean) <= tolerance), (
+            name, found[name], mean, tolerance)
+
+
+def test_qk_norm_matches_a_numpy_monte_carlo_of_normalized_q_and_k():
+    found = length_at_init("sqrt", key_dim=16, lengths=LENGTHS,
+                           num_trials=300, seed=1, qk_norm=True)
+    expected = numpy_monte_carlo(lambda n: 0.25, 16, LENGTHS, 600, seed=2,
+                                 qk_norm=True)
+    assert found["qk_norm"] is True
     for name in STATISTICS:
         mean, sem = expected[name].T
         tolerance = 4 * np.hypot(sem, found[f"{name}_sem"]) + 2e-3

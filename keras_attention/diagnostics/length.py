@@ -66,13 +66,16 @@ DEFAULT_LENGTHS = tuple(2**power for power in range(4, 13))
 STATISTICS = ("entropy_normalized", "relevant_weight", "max_weight",
               "iid_entropy_normalized", "iid_max_weight")
 
+# The epsilon of the layer's query and key normalization (`qk_norm`).
+QK_NORM_EPSILON = 1e-6
+
 # At most this many key components drawn at once (64 MiB of float32).
 _CHUNK_ELEMENTS = 2**24
 
 
 def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
                    num_trials=256, seed=0, reference_length=None,
-                   head_scale=None):
+                   head_scale=None, qk_norm=False):
     """Entropy, relevant-key weight and max weight against the keys n.
 
     Args:
@@ -88,6 +91,10 @@ def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
             layer's fallback, `scales.SSMAX_REFERENCE_LENGTH`.
         head_scale: for `"ssmax"`, `s_h` itself (e.g. a trained value),
             instead of `reference_length`.
+        qk_norm: layer-normalize the query and every key first (zero mean,
+            unit variance over d_k, as the layer's `qk_norm` does at init:
+            gain 1, bias 0, epsilon `QK_NORM_EPSILON`), so that every
+            |q| = |k| = sqrt(d_k) and σ = c sqrt(d_k) exactly.
 
     Returns:
         A dict of plain values: `"scale"`, `"key_dim"`, `"num_trials"`,
@@ -98,7 +105,7 @@ def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
         `"iid_entropy_normalized"`, `"iid_max_weight"`) and their standard
         errors (`"<name>_sem"`); and `"theory"`, `iid_theory` at each n (the
         same five names, `"score_std"` σ, `"relevant_score"` s* and the bool
-        `"holds"`).
+        `"holds"`), and `"qk_norm"`.
 
     Raises:
         ValueError: naming the argument, for an unknown scale, a length
@@ -130,6 +137,9 @@ def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
             query, axis=-1, keepdims=True)
         others = rng.standard_normal((size, lengths[-1], key_dim),
                                      dtype=np.float32)
+        if qk_norm:
+            query, relevant, others = map(_layer_norm,
+                                          (query, relevant, others))
         recall = np.concatenate([relevant[:, None], others], axis=1)
         for index, n in enumerate(lengths):
             recall_row = _row(query, recall[:, :n], score_scale[index])
@@ -146,6 +156,7 @@ def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
         "key_dim": key_dim,
         "num_trials": num_trials,
         "head_scale": head_scale,
+        "qk_norm": bool(qk_norm),
         "num_keys": num_keys,
         "score_scale": score_scale,
         **{name: means[i] for i, name in enumerate(STATISTICS)},
@@ -153,6 +164,14 @@ def length_at_init(scale="sqrt", key_dim=64, lengths=DEFAULT_LENGTHS,
         "theory": iid_theory(num_keys, score_scale * math.sqrt(key_dim),
                              score_scale * key_dim),
     }
+
+
+def _layer_norm(x):
+    """Zero mean and unit variance over the last axis (float32)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return ((x - mean) / np.sqrt(variance + QK_NORM_EPSILON)).astype(
+        np.float32)
 
 
 def _checked_lengths(lengths):

@@ -155,7 +155,7 @@ def _write_heatmaps(writer, prefix, weights, step, max_images, labels):
     if key_labels is None and queries == keys:
         key_labels = query_labels
     for head in range(num_heads):
-        images = np.stack([
+        images = _same_size([
             _HEATMAPS.render(
                 weights[example, head],
                 _example_labels(query_labels, example, queries,
@@ -167,3 +167,16 @@ def _write_heatmaps(writer, prefix, weights, step, max_images, labels):
         ])
         writer.image(f"{prefix}/heatmap/head{head}", images, step,
                      max_outputs=max_images)
+
+
+def _same_size(tiles):
+    """The tiles stacked `(N, H, W, 3)`, each padded with white on the right
+    and at the bottom to the largest. A tile's margin fits its longest
+    label, so examples whose labels differ in length differ in size (recall
+    with 128 keys: `k127:v15` beside examples whose longest is `k99:v15`),
+    which `np.stack` refused mid-run."""
+    height = max(tile.shape[0] for tile in tiles)
+    width = max(tile.shape[1] for tile in tiles)
+    return np.stack([np.pad(tile, ((0, height - tile.shape[0]),
+                                   (0, width - tile.shape[1]), (0, 0)),
+                            constant_values=255) for tile in tiles])

@@ -55,10 +55,23 @@ Outputs, all under `--logdir`:
 `tensorboard --logdir LOGDIR` then overlays the runs' curves and compares
 them in the HParams dashboard.
 
-The package (floor 3, pipelines): claims, series, tensorboard, measure,
-formats, verdicts, report and figures, each importing only those before it;
-they may import keras_attention, the engine and the pipelines below them,
-never pipelines.cli.
+Beyond one layer and one length: with a `--num-layers` axis the report adds
+claim 4 (depth: accuracy, steps to target, entropy per layer, first/last
+|dL/dscores| per depth), with a length axis (`--num-pairs`, `--seq-len`) or
+`--length-multiples` claim 5 (length: the init curves against n per scale
+mode beside the i.i.d. theory, accuracy per trained length, and recall
+trained at one length evaluated at multiples of it), each with its section,
+figures, `claims."4"`/`claims."5"` in comparison.json and TensorBoard
+scalars over depth (`depth/<arm>/`) and length (`length_init/<mode>/`,
+`length/<arm>/`, `length_eval/<arm>/`). Claims 1-3 then read the runs at
+the first value of each such axis (`axes`). `--preset depth` and
+`--preset length` are the CPU experiments.
+
+The package (floor 3, pipelines): axes, claims, series, tensorboard,
+measure, formats, depth, length, extrapolate, beyond, verdicts, report,
+axis_tensorboard, axis_figures and figures, each importing only those
+before it; they may import keras_attention, the engine and the pipelines
+below them, never pipelines.cli.
 """
 
 import json
@@ -70,7 +83,12 @@ from pipelines.common import parse_int_list
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
+from pipelines.compare.axes import sliced
+from pipelines.compare.axis_tensorboard import write_beyond_scalars
+from pipelines.compare.beyond import measure_beyond
+from pipelines.compare.beyond import measures_length
 from pipelines.compare.claims import evaluate_claims
+from pipelines.compare.extrapolate import check_multiples
 from pipelines.compare.figures import make_figures
 from pipelines.compare.measure import collect
 from pipelines.compare.measure import probe_at_init
@@ -138,20 +156,24 @@ def report(plan, missing, timing, log=print, started=None):
     """
     started = time.time() if started is None else started
     results = collect(plan, log=log)
+    # Claims 1-3 read the slice of the other axes; claims 4-5 every run.
+    base_results = sliced(plan, results)
     samples = plan.options.get("variance_samples", 0)
     variance_rows = (variance_table(plan.axis("key_dim"), samples, seed=0)
                      if samples else [])
-    claims = evaluate_claims(plan, results, variance_rows)
+    claims = evaluate_claims(plan, base_results, variance_rows)
+    claims.update(measure_beyond(plan, results, log))
     curves = collect_curves(plan)
     write_grid_experiment(plan, EXPERIMENT_METRICS)
-    write_claim_scalars(plan.logdir, results)
+    write_claim_scalars(plan.logdir, base_results)
     write_curve_scalars(plan.logdir, curves)
+    write_beyond_scalars(plan.logdir, claims)
     wall_time_s = time.time() - started
     trained_now = timing["trained_now"] if timing else []
     document = build_comparison(plan, results, variance_rows, claims,
                                 wall_time_s)
     document.update(trained_now=trained_now, missing=list(missing),
-                    curves=curves, figures=figure_data(plan, results))
+                    curves=curves, figures=figure_data(plan, base_results))
     json_path = os.path.join(plan.logdir, COMPARISON_JSON)
     write_json_atomic(json_path, document)
     # The figures are drawn from the file just written: one source for the
@@ -171,11 +193,11 @@ def report(plan, missing, timing, log=print, started=None):
 
 def summary_text(plan, document):
     """What the command prints: per-key_dim tables and the verdicts."""
-    results = {
+    results = sliced(plan, {
         "runs": document["runs"],
         "init_only": document["init_only"],
         "heatmaps": document["heatmaps"],
-    }
+    })
     claims = document["claims"]
     lines = []
     for key_dim in reversed(plan.axis("key_dim")):
@@ -185,8 +207,10 @@ def summary_text(plan, document):
             *key_dim_table(plan, results, key_dim),
             "",
         ]
-    for number in ("1", "2", "3"):
-        lines.append(f"Claim {number}: {status_word(claims[number]['holds'])}")
+    for number in ("1", "2", "3", "4", "5"):
+        if number in claims:
+            lines.append(
+                f"Claim {number}: {status_word(claims[number]['holds'])}")
     return "\n".join(lines)
 
 
@@ -201,7 +225,12 @@ def add_arguments(parser):
         f"every arm trained at d_k 16..4096 with 5 seeds ({full.expected}); "
         "text (the choice for --task text): scaled vs unscaled on real "
         f"text at d_k 1024, 3 seeds ({PRESETS['text'].expected}); text-gpu:"
-        " every arm on text at d_k up to 4096, 4 seeds")
+        " every arm on text at d_k up to 4096, 4 seeds; "
+        "depth: scaled vs unscaled at 1, 2, 4 layers, d_k 256 "
+        f"({PRESETS['depth'].expected}); length: sqrt, none, qk_norm, "
+        "ssmax at 16 and 64 recall pairs, the 16-pair runs evaluated at "
+        f"1-8x ({PRESETS['length'].expected}); depth_full, length_full: "
+        "the same for a GPU")
     group = parser.add_argument_group("comparison")
     group.add_argument("--train-key-dims", metavar="D1,D2,...|all",
                        help="d_k values to train; the others are measured at "
@@ -210,6 +239,11 @@ def add_arguments(parser):
     group.add_argument("--variance-samples", default="20000", metavar="N",
                        help="random (q, k) pairs per d_k for the variance "
                        "table (0: none; default: %(default)s)")
+    group.add_argument("--length-multiples", metavar="M1,M2,...|none",
+                       help="recall: evaluate the runs trained at the "
+                       "shortest --num-pairs held-out at these multiples of "
+                       "it (claim 5; default: the preset's, 1,2,4,8 for "
+                       "--preset length)")
     return parser
 
 
@@ -242,7 +276,23 @@ def plan_from_args(args):
     elif train is not None:
         plan.trained["key_dim"] = sorted(train)
     plan.options["variance_samples"] = samples
+    _length_multiples(args.length_multiples, plan)
     return check_runs(plan)
+
+
+def _length_multiples(text, plan):
+    """Sets `plan.options["length_multiples"]` from the flag (or keeps the
+    preset's) and checks the runs can be read at those lengths."""
+    if text is not None:
+        plan.options["length_multiples"] = (
+            [] if text.strip() == "none"
+            else sorted(parse_int_list(text, "--length-multiples")))
+    multiples = plan.options.get("length_multiples") or []
+    if multiples:
+        axis = "num_pairs" if "num_pairs" in plan.axes else None
+        shortest = plan.base if axis is None else plan.base.replace(
+            num_pairs=plan.trained_axis(axis)[0])
+        check_multiples(shortest, multiples)
 
 
 def run(args):

@@ -15,12 +15,15 @@ the file, so the pictures and the numbers have one source):
                     (e) the probe example's labelled attention, scaled and
                         unscaled and their difference (`"heatmaps"`)
 
-`pipelines.plotting.write_figures` saves them as PNG under `figures/` and
-returns them as SVG text too, for comparison.html. Every line carries its series' name as its
-label (the arm, or the ratio), so the drawn data can be read back.
+and, when the comparison measured claims 4 and 5, (f) to (j) of
+`axis_figures`. `pipelines.plotting.write_figures` saves them as PNG under
+`figures/` and returns them as SVG text too, for comparison.html. Every
+line carries its series' name as its label (the arm, or the ratio), so the
+drawn data can be read back.
 """
 
 from keras_attention.viz import plot_attention_pair
+from pipelines.compare.axis_figures import AXIS_FIGURES
 from pipelines.compare.series import PAIR
 from pipelines.plotting import colour
 from pipelines.plotting import draw_figures
@@ -172,6 +175,8 @@ FIGURES = (
      "across).", lambda document: attention_figure(document, "init")),
     ("attention_final", "(e) The same probe example at the end of "
      "training.", lambda document: attention_figure(document, "final")),
+    # Claims 4 and 5, only when the comparison measured them.
+    *AXIS_FIGURES,
 )
 
 

@@ -16,6 +16,8 @@ from pipelines.builders import build_model
 from pipelines.builders import seed_run
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
+from pipelines.compare.axes import axis_values
+from pipelines.compare.axes import in_slice
 from pipelines.compare.tensorboard import write_run_hparams_metrics
 from pipelines.devices import open_run_devices
 from pipelines.run_dir import read_metrics
@@ -130,15 +132,35 @@ def heatmap_png(weights, labels, title):
     return buffer.getvalue()
 
 
+# Per-layer statistics a depth comparison keeps (head means).
+LAYER_KEYS = ("entropy_normalized", "max_weight", "score_std",
+              "grad_norm_scores")
+
+
+def layer_profile(diagnostics):
+    """`[{key: value}]` over the attention layers, bottom first, of a
+    diagnostics record's `"layers"` (each value the mean over heads); None
+    without one."""
+    layers = (diagnostics or {}).get("layers")
+    if not layers:
+        return None
+    # "attention_10" after "attention_9": by the layer's number.
+    names = sorted(layers, key=lambda name: int(name.rsplit("_", 1)[-1])
+                   if name.rsplit("_", 1)[-1].isdigit() else name)
+    return [{key: float(np.mean(layers[name][key])) for key in LAYER_KEYS
+             if layers[name].get(key) is not None} for name in names]
+
+
 # ------------------------------------------------------------ collect
-def _run_record(spec, metrics):
+def _run_record(spec, metrics, plan):
     diagnostics = metrics.get("diagnostics") or {}
     init = diagnostics.get("init") or {}
     final = diagnostics.get("final") or {}
-    return {
+    record = {
         "arm": spec.arm,
         "key_dim": spec.key_dim,
         "seed": spec.seed,
+        **axis_values(plan, spec.values),
         "run": spec.name,
         "final_accuracy": metrics.get("heldout_accuracy"),
         "final_loss": metrics.get("heldout_loss"),
@@ -155,14 +177,18 @@ def _run_record(spec, metrics):
         "init": _summary(init.get("summary")),
         "final": _summary(final.get("summary")),
     }
+    if "num_layers" in plan.axes:
+        record["layers"] = {"init": layer_profile(init),
+                            "final": layer_profile(final)}
+    return record
 
 
-def _trained_record(spec):
+def _trained_record(spec, plan):
     """The record of a finished run; writes its HParams metrics."""
     metrics = read_metrics(spec.config.logdir)
     if metrics is None:
         raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
-    record = _run_record(spec, metrics)
+    record = _run_record(spec, metrics, plan)
     write_run_hparams_metrics(spec.config.logdir, record,
                               record["steps"] or 0)
     return record
@@ -198,7 +224,7 @@ def _write_heatmaps(spec, init, heatmap_dir):
 
 def collect(plan, log=print):
     """Reads the trained runs, measures the untrained key dims at init and
-    renders the heat maps.
+    renders the heat maps (both in the slice of `axes.sliced` only).
 
     Returns:
         A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
@@ -211,11 +237,13 @@ def collect(plan, log=print):
     )
     heatmap_seed = plan.seeds[0]
     for spec in plan.runs():
+        if spec.trained:
+            runs.append(_trained_record(spec, plan))
+        if not in_slice(plan, spec.values):
+            continue
         wants_heatmap = (
             spec.key_dim == heatmap_key_dim and spec.seed == heatmap_seed
         )
-        if spec.trained:
-            runs.append(_trained_record(spec))
         init = None
         if wants_heatmap or not spec.trained:
             init = probe_at_init(spec.config)
@@ -225,6 +253,7 @@ def collect(plan, log=print):
                     "arm": spec.arm,
                     "key_dim": spec.key_dim,
                     "seed": spec.seed,
+                    **axis_values(plan, spec.values),
                     "init": _summary(init["summary"]),
                 }
             )

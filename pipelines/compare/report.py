@@ -4,9 +4,16 @@
 from pipelines.common import markdown_table
 from pipelines.common import to_jsonable
 from pipelines.engine.presets import ARMS
+from pipelines.compare.axes import slice_note
+from pipelines.compare.axes import slice_values
+from pipelines.compare.axes import sliced
 from pipelines.compare.claims import init_values
 from pipelines.compare.claims import run_values
+from pipelines.compare.depth import depth_section
+from pipelines.compare.depth import depth_verdict
 from pipelines.compare.formats import fmt, fmt_mean_sd, fmt_steps, ratio
+from pipelines.compare.length import length_section
+from pipelines.compare.length import length_verdict
 from pipelines.compare.verdicts import learning_verdict
 from pipelines.compare.verdicts import saturation_verdict
 from pipelines.compare.verdicts import status_word
@@ -80,6 +87,8 @@ def key_dim_table(plan, results, key_dim):
 
 def _header(plan, results, wall_time_s, trained_now):
     base = plan.base
+    layers = (", ".join(map(str, plan.axis("num_layers")))
+              if "num_layers" in plan.axes else base.num_layers)
     lines = [
         f"# Scaled vs unscaled attention on `{base.task}`",
         "",
@@ -88,7 +97,7 @@ def _header(plan, results, wall_time_s, trained_now):
         f"{', '.join(map(str, plan.trained_axis('key_dim'))) or 'none'}. Seeds: "
         f"{', '.join(map(str, plan.seeds))}.",
         "",
-        f"Model: d_model {base.d_model}, {base.num_layers} {base.norm}-LN "
+        f"Model: d_model {base.d_model}, {layers} {base.norm}-LN "
         f"layer(s), {base.num_heads} head(s), W_Q, W_K init "
         f"{base.qk_init_std}. Optimizer: {base.optimizer}, learning rate "
         f"{base.learning_rate:g}"
@@ -98,6 +107,8 @@ def _header(plan, results, wall_time_s, trained_now):
         " weights.",
         "",
     ]
+    if slice_note(plan):
+        lines += [slice_note(plan), ""]
     if wall_time_s is not None:
         run_times = [r["wall_time_s"] for r in results["runs"]
                      if r.get("wall_time_s") is not None]
@@ -124,6 +135,14 @@ def _verdict_section(plan, claims, variance_rows):
         ("3. In saturation gradients vanish and learning stalls",
          learning_verdict(claims["3"], plan.base.target_accuracy)),
     ]
+    if "4" in claims:
+        verdicts.append(
+            ("4. The scale is what lets deeper attention stacks train",
+             depth_verdict(claims["4"], plan.base.target_accuracy)))
+    if "5" in claims:
+        verdicts.append(
+            ("5. With the 1/√d_k scale attention fades as n grows",
+             length_verdict(claims["5"])))
     for title, (texts, holds) in verdicts:
         lines += [f"**Claim {title}: {status_word(holds)}.**", ""]
         lines += [f"- {text}" for text in texts]
@@ -241,8 +260,10 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
     `figures` are the entries of `pipelines.plotting.write_figures` (name,
     caption, path), linked in a section after the verdicts; `page` names
     the HTML version; `missing` names the runs not finished yet (a report
-    over the finished ones)."""
+    over the finished ones). `results` holds every run; the d_k sections
+    read their slice (`axes.sliced`)."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
+    every_run, results = results, sliced(plan, results)
     if missing:
         lines += [f"**Not finished yet: measured at init only, left out of "
                   f"every training number "
@@ -263,6 +284,10 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
         preface=("Gradient ratios are unscaled / scaled at init (probe "
                  "batch).", ""),
     )
+    if "4" in claims:
+        lines += depth_section(plan, claims["4"], every_run)
+    if "5" in claims:
+        lines += length_section(plan, claims["5"])
     lines += ["## Results per key_dim (mean ± sd over seeds)", ""]
     for key_dim in reversed(plan.axis("key_dim")):
         trained = key_dim in plan.trained_axis("key_dim")
@@ -278,8 +303,9 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
 
 
 def build_comparison(plan, results, variance_rows, claims, wall_time_s):
-    """The `comparison.json` document."""
-    return {
+    """The `comparison.json` document (every run's record; with other axes
+    than d_k, `"slice"` names the runs claims 1-3 read)."""
+    document = {
         "task": plan.base.task,
         "preset": plan.preset,
         "arms": list(plan.arms),
@@ -296,3 +322,6 @@ def build_comparison(plan, results, variance_rows, claims, wall_time_s):
         "claims": to_jsonable(claims),
         "wall_time_s": wall_time_s,
     }
+    if slice_note(plan):
+        document["slice"] = slice_values(plan)
+    return document

@@ -11,6 +11,7 @@ Figure (e) draws the `"heatmaps"` entries (probe weights and labels).
 import math
 import os
 
+from pipelines.compare.axes import in_slice
 from pipelines.compare.claims import group_init
 from pipelines.compare.claims import mean_sd
 from pipelines.run_dir import EVAL_LOGS
@@ -52,7 +53,8 @@ def _series(by_seed):
 
 def collect_curves(plan):
     """Per trained (key_dim, arm): each metric of `CURVE_METRICS` over the
-    steps, mean ± sd over the seeds (sample sd, 0 for one seed).
+    steps, mean ± sd over the seeds (sample sd, 0 for one seed); with other
+    axes, of the runs in their slice (`axes.in_slice`).
 
     Returns:
         A list of `{"key_dim", "arm", "seeds", "metrics": {name: {"steps",
@@ -60,7 +62,7 @@ def collect_curves(plan):
     """
     runs = {}
     for spec in plan.runs():
-        if spec.trained:
+        if spec.trained and in_slice(plan, spec.values):
             runs.setdefault((spec.key_dim, spec.arm), []).append(spec)
     curves = []
     for key_dim in plan.trained_axis("key_dim"):

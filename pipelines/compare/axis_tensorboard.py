@@ -1,0 +1,92 @@
+"""TensorBoard scalars of claims 4 and 5, whose "step" axis is the depth or
+the length (as `claims/<arm>/` plots over d_k):
+
+    depth/<arm>/           step = layers: final/accuracy,
+                           final/steps_to_target (seeds that reached it),
+                           init/entropy_normalized (mean over layers),
+                           init/entropy_normalized_{first,last} and
+                           init/grad_scores_first_over_last
+    length_init/<mode>/    step = n keys: init/<statistic> and
+                           theory/<statistic> (entropy_normalized,
+                           relevant_weight, max_weight)
+    length/<arm>/          step = the trained length: final/accuracy
+    length_eval/<arm>/     step = evaluated pairs: accuracy, relevant_weight
+
+Each is rewritten from scratch; none is written without its claim.
+"""
+
+import os
+import shutil
+
+import numpy as np
+
+from keras_attention.events import SummaryWriter
+from pipelines.compare.length import INIT_STATISTICS
+
+DIRECTORIES = ("depth", "length_init", "length", "length_eval")
+
+
+def _write(directory, points):
+    """`points`: `[(tag, value, step)]`; None values are left out."""
+    points = [(tag, value, step) for tag, value, step in points
+              if value is not None]
+    if not points:
+        return
+    with SummaryWriter(directory) as writer:
+        for tag, value, step in points:
+            writer.scalar(tag, float(value), int(step))
+
+
+def _depth_points(row, arm):
+    values = row["arms"][arm]
+    reached = [s for s in values["steps_to_target"] if s is not None]
+    entropy = (values["entropy_init"] or {}).get("mean") or [None]
+    depth = row["num_layers"]
+    return [
+        ("final/accuracy", values["accuracy_mean"], depth),
+        ("final/steps_to_target",
+         float(np.mean(reached)) if reached else None, depth),
+        ("init/entropy_normalized",
+         float(np.mean(entropy)) if entropy[0] is not None else None, depth),
+        ("init/entropy_normalized_first", entropy[0], depth),
+        ("init/entropy_normalized_last", entropy[-1], depth),
+        ("init/grad_scores_first_over_last",
+         values["gradient"]["first_over_last"], depth),
+    ]
+
+
+def write_beyond_scalars(logdir, claims):
+    """Writes the scalars of claims 4 and 5 present in `claims`."""
+    for name in DIRECTORIES:
+        shutil.rmtree(os.path.join(logdir, name), ignore_errors=True)
+    depth = claims.get("4")
+    if depth:
+        for arm in (depth["by_depth"][0]["arms"] if depth["by_depth"]
+                    else ()):
+            _write(os.path.join(logdir, "depth", arm), [
+                point for row in depth["by_depth"]
+                for point in _depth_points(row, arm)])
+    length = claims.get("5")
+    if not length:
+        return
+    for mode, curve in length["init"]["curves"]["modes"].items():
+        _write(os.path.join(logdir, "length_init", mode), [
+            (f"{kind}/{name}", values[i], n)
+            for name in INIT_STATISTICS
+            for kind, values in (("init", curve[name]),
+                                 ("theory", curve["theory"][name]))
+            for i, n in enumerate(curve["num_keys"])])
+    points = {}
+    trained = length["trained"]
+    for row in trained["rows"]:
+        for arm, values in row["arms"].items():
+            points.setdefault(("length", arm), []).append(
+                ("final/accuracy", values["mean"], row[trained["axis"]]))
+    for row in length["extrapolation"]["rows"]:
+        for arm, values in row["arms"].items():
+            points.setdefault(("length_eval", arm), []).extend([
+                ("accuracy", values["accuracy_mean"], row["eval_pairs"]),
+                ("relevant_weight", values["relevant_weight_mean"],
+                 row["eval_pairs"])])
+    for (name, arm), arm_points in points.items():
+        _write(os.path.join(logdir, name, arm), arm_points)

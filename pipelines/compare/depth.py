@@ -1,0 +1,278 @@
+"""Claim 4, "the scale is what lets deeper attention stacks train", decided
+from the runs of a `--num-layers` axis, and its section of the report.
+
+Per depth (at the largest trained d_k, the other axes at their slice), per
+arm over the seeds: the final held-out accuracy and the steps to target;
+the normalized entropy of every layer at init and at the end; |dL/dscores|
+of the first (bottom) layer against the last (top) at init. The gap is the
+scaled minus the unscaled final accuracy on each seed (runs of one depth
+and seed share data and initial weights). Depth *widens* the gap when its
+mean grows by at least `claims.GAP` from the shallowest to the deepest
+stack, *closes* it when it shrinks by that much, and otherwise *leaves* it.
+The claim holds when at the deepest stack the scaled model reaches the
+target on every seed and is ahead of the unscaled one by at least `GAP`
+on every seed, and depth does not close the gap; it is not supported when
+the scaled model does not train the deepest stack either, or the unscaled
+one keeps up there. The depths between are reported, seed by seed, not
+judged: how far down the stall reaches is the trend.
+"""
+
+from pipelines.common import markdown_table
+from pipelines.compare.axes import in_slice
+from pipelines.compare.claims import GAP
+from pipelines.compare.claims import mean_sd
+from pipelines.compare.formats import fmt
+from pipelines.compare.formats import fmt_mean_sd
+from pipelines.compare.formats import fmt_steps
+
+PAIR = ("scaled", "unscaled")
+TRENDS = ("widens", "leaves", "closes")
+# First-over-last |dL/dscores| ratios within this fraction of each other
+# count as the same.
+RATIO_MARGIN = 0.1
+
+
+def _records(plan, results, key_dim, depth, arm):
+    return [r for r in results["runs"]
+            if r["arm"] == arm and r["key_dim"] == key_dim
+            and r.get("num_layers") == depth
+            and in_slice(plan, r, except_axis="num_layers")]
+
+
+def _profiles(records, stage):
+    return [r["layers"][stage] for r in records
+            if (r.get("layers") or {}).get(stage)]
+
+
+def per_layer(records, stage, key):
+    """`{"mean": [...], "sd": [...]}` of `key` per layer (bottom first)
+    over the records' seeds, or None without profiles."""
+    profiles = _profiles(records, stage)
+    if not profiles:
+        return None
+    pairs = [mean_sd([profile[i].get(key) for profile in profiles])
+             for i in range(len(profiles[0]))]
+    return {"mean": [m for m, _ in pairs], "sd": [s for _, s in pairs]}
+
+
+def _gradient(records):
+    """|dL/dscores| at init of the first and last layer, and their ratio,
+    means over seeds (the ratio of each seed, then the mean)."""
+    firsts, lasts, ratios = [], [], []
+    for profile in _profiles(records, "init"):
+        first = profile[0].get("grad_norm_scores")
+        last = profile[-1].get("grad_norm_scores")
+        firsts.append(first)
+        lasts.append(last)
+        ratios.append(first / last if first is not None and last else None)
+    return {"first": mean_sd(firsts)[0], "last": mean_sd(lasts)[0],
+            "first_over_last": mean_sd(ratios)[0]}
+
+
+def _arm_row(records):
+    accuracies = [r["final_accuracy"] for r in records]
+    mean, sd = mean_sd(accuracies)
+    return {
+        "seeds": [r["seed"] for r in records],
+        "final_accuracy": accuracies,
+        "accuracy_mean": mean,
+        "accuracy_sd": sd,
+        "reached": sum(r["steps_to_target"] is not None for r in records),
+        "steps_to_target": [r["steps_to_target"] for r in records],
+        "entropy_init": per_layer(records, "init", "entropy_normalized"),
+        "entropy_final": per_layer(records, "final", "entropy_normalized"),
+        "gradient": _gradient(records),
+    }
+
+
+def _gap(arms):
+    """The paired scaled - unscaled final accuracy per seed at one depth."""
+    scaled = dict(zip(arms["scaled"]["seeds"],
+                      arms["scaled"]["final_accuracy"]))
+    unscaled = dict(zip(arms["unscaled"]["seeds"],
+                        arms["unscaled"]["final_accuracy"]))
+    seeds = sorted(seed for seed in scaled if seed in unscaled
+                   and scaled[seed] is not None
+                   and unscaled[seed] is not None)
+    differences = [scaled[s] - unscaled[s] for s in seeds]
+    return {"seeds": seeds, "difference": differences,
+            "mean": mean_sd(differences)[0],
+            "every_seed": bool(differences)
+            and all(d >= GAP for d in differences)}
+
+
+def depth_claim(plan, results):
+    """Claim 4 from the collected results.
+
+    Returns:
+        `{"holds", "key_dim", "depths", "by_depth": [{"num_layers", "arms":
+        {arm: ...}, "gap"}], "trend", "gap_change", "ceiling",
+        "bottom_vanishes_faster_unscaled", "bottom_ratio_relative"}`;
+        `holds` and `trend` are None without both arms or two trained
+        depths; the gradient comparison is None within `RATIO_MARGIN`.
+    """
+    key_dims = plan.trained_axis("key_dim")
+    depths = plan.trained_axis("num_layers")
+    key_dim = key_dims[-1] if key_dims else None
+    has_pair = all(arm in plan.arms for arm in PAIR)
+    rows = []
+    for depth in depths:
+        arms = {arm: _arm_row(_records(plan, results, key_dim, depth, arm))
+                for arm in plan.arms}
+        rows.append({"num_layers": depth, "arms": arms,
+                     "gap": _gap(arms) if has_pair else None})
+    claim = {"holds": None, "key_dim": key_dim, "depths": depths,
+             "by_depth": rows, "trend": None, "gap_change": None,
+             "ceiling": None, "bottom_vanishes_faster_unscaled": None,
+             "bottom_ratio_relative": None}
+    gaps = [row["gap"] for row in rows if row["gap"] and row["gap"]["seeds"]]
+    if not has_pair or len(gaps) < 2:
+        return claim
+    change = gaps[-1]["mean"] - gaps[0]["mean"]
+    claim["gap_change"] = change
+    claim["trend"] = ("widens" if change >= GAP else
+                      "closes" if change <= -GAP else "leaves")
+    shallow = rows[0]["arms"]
+    # The gap cannot widen where the shallow unscaled model never trained
+    # and the scaled one did on every seed.
+    claim["ceiling"] = (shallow["unscaled"]["reached"] == 0
+                        and shallow["scaled"]["reached"]
+                        == len(shallow["scaled"]["seeds"]) > 0)
+    scaled_ratio = rows[-1]["arms"]["scaled"]["gradient"]["first_over_last"]
+    unscaled_ratio = rows[-1]["arms"]["unscaled"]["gradient"][
+        "first_over_last"]
+    if scaled_ratio and unscaled_ratio is not None:
+        relative = unscaled_ratio / scaled_ratio - 1
+        claim["bottom_vanishes_faster_unscaled"] = (
+            True if relative < -RATIO_MARGIN else
+            False if relative > RATIO_MARGIN else None)
+        claim["bottom_ratio_relative"] = relative
+    deepest = rows[-1]
+    claim["holds"] = (deepest["gap"]["every_seed"]
+                      and deepest["arms"]["scaled"]["reached"]
+                      == len(deepest["arms"]["scaled"]["seeds"]) > 0
+                      and claim["trend"] != "closes")
+    return claim
+
+
+# ---------------------------------------------------------------- words
+def _depth_line(row, target):
+    scaled, unscaled = row["arms"]["scaled"], row["arms"]["unscaled"]
+    n = len(scaled["seeds"])
+    return (
+        f"{row['num_layers']} layer(s): final accuracy scaled "
+        f"{fmt(scaled['accuracy_mean'], 2)}, unscaled "
+        f"{fmt(unscaled['accuracy_mean'], 2)}; target {target:g} reached by "
+        f"{scaled['reached']}/{n} scaled and {unscaled['reached']}/"
+        f"{len(unscaled['seeds'])} unscaled; scaled minus unscaled per seed "
+        + ", ".join(f"{d:+.2f}" for d in row["gap"]["difference"]) + ".")
+
+
+def depth_verdict(claim, target):
+    """`(lines, holds)`: the verdict on claim 4 in words."""
+    if claim["trend"] is None:
+        return ["Needs trained scaled and unscaled runs at two depths or "
+                "more (`--num-layers 1,2,4`)."], None
+    rows = claim["by_depth"]
+    lines = [f"At d_k {claim['key_dim']}, " + _depth_line(rows[0], target)]
+    lines += [_depth_line(row, target) for row in rows[1:]]
+    first, last = rows[0], rows[-1]
+    words = {"widens": "Depth WIDENS the gap", "leaves": "Depth LEAVES the "
+             "gap as it is", "closes": "Depth CLOSES the gap"}
+    text = (f"{words[claim['trend']]}: mean scaled minus unscaled "
+            f"{first['gap']['mean']:+.2f} at {first['num_layers']} layer(s), "
+            f"{last['gap']['mean']:+.2f} at {last['num_layers']} "
+            f"(change {claim['gap_change']:+.2f}; ±{GAP:g} counts as "
+            "unchanged).")
+    if claim["ceiling"]:
+        text += (" The shallowest unscaled stack already never reached the "
+                 "target while the scaled one always did, so the gap had "
+                 "little room to widen.")
+    lines.append(text)
+    scaled = last["arms"]["scaled"]["gradient"]
+    unscaled = last["arms"]["unscaled"]["gradient"]
+    faster = claim["bottom_vanishes_faster_unscaled"]
+    if claim["bottom_ratio_relative"] is not None:
+        lines.append(
+            f"|dL/dscores| at init, first over last layer at "
+            f"{last['num_layers']} layers: scaled "
+            f"{fmt(scaled['first_over_last'], 2)}, unscaled "
+            f"{fmt(unscaled['first_over_last'], 2)}: the gradient reaching "
+            "the bottom of the stack, relative to the top, is "
+            + ("smaller without the scale." if faster else
+               "larger without the scale." if faster is False else
+               f"about the same with and without the scale (within "
+               f"{RATIO_MARGIN:.0%}): it does not vanish faster toward the "
+               "bottom of the unscaled stack.")
+            + _absolute_words(scaled, unscaled))
+    depth = last["num_layers"]
+    lines.append(
+        f"Claim 4 holds: at {depth} layers the scaled model reaches the "
+        "target on every seed and the unscaled one is behind on every seed."
+        if claim["holds"] else
+        f"Claim 4 is NOT supported here: at {depth} layers the scaled model "
+        "does not reach the target on every seed, or the unscaled one is "
+        "not behind by the gap on every seed, or depth closes the gap.")
+    return lines, claim["holds"]
+
+
+def _absolute_words(scaled, unscaled):
+    """Unscaled over scaled |dL/dscores| in the first and last layer."""
+    if not (scaled["first"] and scaled["last"]) or None in (
+            unscaled["first"], unscaled["last"]):
+        return ""
+    return (f" Unscaled over scaled |dL/dscores|: "
+            f"{unscaled['first'] / scaled['first']:.2f}× in the first "
+            f"layer, {unscaled['last'] / scaled['last']:.2f}× in the last.")
+
+
+# -------------------------------------------------------------- section
+def depth_section(plan, claim, results):
+    """The report's lines on claim 4: accuracy, entropy per layer and the
+    first/last gradient per depth and arm."""
+    if not claim["by_depth"]:
+        return []
+    arms = list(plan.arms)
+    key_dim = claim["key_dim"]
+    accuracy = []
+    for row in claim["by_depth"]:
+        records = {arm: _records(plan, results, key_dim, row["num_layers"],
+                                 arm) for arm in arms}
+        accuracy.append(
+            [str(row["num_layers"])]
+            + [fmt_mean_sd(row["arms"][arm]["final_accuracy"])
+               for arm in arms]
+            + [fmt_steps(records[arm]) for arm in arms]
+            + ([fmt(row["gap"]["mean"])] if row["gap"] else []))
+    gap = ["scaled − unscaled"] if claim["by_depth"][0]["gap"] else []
+    lines = [f"## Claim 4: depth (d_k {key_dim}, mean ± sd over seeds)", "",
+             *markdown_table(
+                 ["layers", *(f"accuracy {a}" for a in arms),
+                  *(f"steps to target {a}" for a in arms), *gap], accuracy),
+             "", "Normalized entropy per layer (1 = uniform), at init and "
+             "at the end; layer 1 is the bottom of the stack.", ""]
+    entropy = []
+    for row in claim["by_depth"]:
+        for index in range(row["num_layers"]):
+            cells = [str(row["num_layers"]), str(index + 1)]
+            for arm in arms:
+                for stage in ("entropy_init", "entropy_final"):
+                    series = row["arms"][arm][stage]
+                    cells.append(fmt(series["mean"][index]) if series
+                                 and index < len(series["mean"]) else "–")
+            entropy.append(cells)
+    lines += markdown_table(
+        ["layers", "layer", *(f"{a} {stage}" for a in arms
+                              for stage in ("init", "end"))], entropy)
+    gradient = [[str(row["num_layers"])] + [
+        fmt(row["arms"][arm]["gradient"][key], digits)
+        for arm in arms for key, digits in (("first", 5), ("last", 5),
+                                            ("first_over_last", 3))]
+        for row in claim["by_depth"]]
+    lines += ["", "\\|dL/dscores\\| at init (probe batch): first (bottom) "
+              "and last (top) layer, and their ratio.", "",
+              *markdown_table(["layers", *(f"{a} {what}" for a in arms
+                                           for what in ("first", "last",
+                                                        "first/last"))],
+                              gradient), ""]
+    return lines
