@@ -86,7 +86,6 @@ from pipelines.common import write_text_atomic
 from pipelines.compare.axes import sliced
 from pipelines.compare.axis_tensorboard import write_beyond_scalars
 from pipelines.compare.beyond import measure_beyond
-from pipelines.compare.beyond import measures_length
 from pipelines.compare.claims import evaluate_claims
 from pipelines.compare.extrapolate import check_multiples
 from pipelines.compare.figures import make_figures

@@ -24,9 +24,8 @@ from pipelines.compare.claims import mean_sd
 from pipelines.compare.formats import fmt
 from pipelines.compare.formats import fmt_mean_sd
 from pipelines.compare.formats import fmt_steps
+from pipelines.compare.series import PAIR
 
-PAIR = ("scaled", "unscaled")
-TRENDS = ("widens", "leaves", "closes")
 # First-over-last |dL/dscores| ratios within this fraction of each other
 # count as the same.
 RATIO_MARGIN = 0.1
