@@ -68,10 +68,12 @@ def _text(value):
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _add(group, name, declared):
+def _add(group, name, declared, axis=None, as_list=None):
     """Adds the flag of setting `name`; `{default}` in its help becomes the
     default's text. A setting given as text (`--scale`) or as one of its
-    choices is taken as text, checked when the config is validated."""
+    choices is taken as text, checked when the config is validated. With
+    `axis` (more option names, maybe none) a plain value takes a list:
+    `as_list(convert)` parses it, each item as the single value is."""
     help = declared.help
     if help is not None:
         help = help.replace("{default}", default_text(name))
@@ -88,16 +90,23 @@ def _add(group, name, declared):
     metavar = declared.metavar or "N"
     if declared.choices is not None:
         metavar = "{" + ",".join(declared.choices) + "}"
-    group.add_argument(option, *declared.aliases, dest=name, default=None,
-                       type=_TYPES.get(value_types(name)), metavar=metavar,
-                       help=help)
+    convert = _TYPES.get(value_types(name))
+    aliases = declared.aliases
+    if axis is not None:
+        convert, aliases = as_list(convert), (*aliases, *axis)
+        help = (help or "") + "; a list V1,V2,... is an axis"
+    group.add_argument(option, *aliases, dest=name, default=None,
+                       type=convert, metavar=metavar, help=help)
 
 
-def add_train_arguments(parser):
+def add_train_arguments(parser, axes=None, as_list=None):
     """Adds every `TrainConfig` flag, and `--config`, `--quiet`, to a parser.
 
     Args:
         parser: an `argparse.ArgumentParser`.
+        axes: `{setting: more option names}` of the settings whose plain
+            value may be a list (a grid's axes, `pipelines.engine`).
+        as_list: `as_list(convert)`, the `type=` of such a list.
 
     Returns:
         The parser.
@@ -106,7 +115,8 @@ def add_train_arguments(parser):
               for key, title in GROUPS.items()}
     for name, declared in DECLARED.items():
         if declared.flag:
-            _add(groups[declared.group], name, declared)
+            _add(groups[declared.group], name, declared,
+                 (axes or {}).get(name), as_list)
     groups["output"].add_argument(
         "--config", metavar="FILE",
         help="JSON file of settings; flags override it")

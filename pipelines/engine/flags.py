@@ -39,8 +39,9 @@ from pipelines.settings import value_types
 # names the grid, and how runs are executed and reported.
 _NOT_AXES = set(RUNTIME_FIELDS) | {"task", "backend", "seed", *ARM_SETTINGS}
 # The plural spellings of the usual axes.
-PLURALS = {"key_dim": "--key-dims", "learning_rate": "--learning-rates",
-           "optimizer": "--optimizers"}
+PLURALS = {"key_dim": ("--key-dims",),
+           "learning_rate": ("--learning-rates",),
+           "optimizer": ("--optimizers",)}
 # A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
 # in a MemoryError building the list).
 MAX_SEEDS = 1000
@@ -90,19 +91,12 @@ def add_grid_arguments(parser, presets, default, preset_help):
     group.add_argument("--report-only", action="store_true", help="train "
                        "nothing: write the report from the finished runs and "
                        "say which are missing")
-    add_train_arguments(parser)
     # The list types wrap the train flags' own converters, so an item is
     # parsed (and refused) exactly as the single value of `train` is.
-    for action in list(parser._actions):  # argparse has no public list
-        # Only a plain value is a list item (not a flag, or a repeated one).
-        if action.dest in SETTINGS and action.dest not in _NOT_AXES and (
-                type(action) is argparse._StoreAction):
-            action.type = _list_of(action.type)
-            action.help = (action.help or "") + "; a list V1,V2,... is an axis"
-            if action.dest in PLURALS:
-                group.add_argument(PLURALS[action.dest], dest=action.dest,
-                                   type=action.type, metavar="V1,V2,...",
-                                   help=f"the same as {action.option_strings[0]}")
+    add_train_arguments(
+        parser, axes={name: PLURALS.get(name, ()) for name in SETTINGS
+                      if name not in _NOT_AXES},
+        as_list=_list_of)
     return parser
 
 
