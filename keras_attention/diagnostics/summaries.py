@@ -118,7 +118,9 @@ def _write_all(writer, diagnostics, step, max_images, labels):
             step,
         )
         for key, tag in _GRADIENT_TAGS.items():
-            writer.scalar(f"gradients/{name}/{tag}", float(stats[key]), step)
+            if stats[key] is not None:  # None: the layer has no such kernel
+                writer.scalar(f"gradients/{name}/{tag}", float(stats[key]),
+                              step)
         if max_images > 0:
             weights = np.asarray(stats["weights"])
             _write_heatmaps(writer, prefix, weights, step, max_images, labels)
