@@ -223,6 +223,39 @@ def test_flash_attention_layer_is_recorded_on_the_explicit_path(rng):
     assert_restored(flash)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16"])
+def test_mixed_precision_records_float32_scores_with_their_gradient(policy,
+                                                                    rng):
+    """The scores are recorded in float32 (the softmax still gets the
+    layer's own, the round trip is exact) and stay connected to the loss:
+    the probe's |dL/dscores| of a mixed-precision model is the float32
+    twin's, up to the low precision."""
+    low, _ = probe_model("mha", True, rng)
+    keras.utils.set_random_seed(7)
+    tokens = keras.Input((QUERIES,), dtype="int32")
+    hidden = keras.layers.Embedding(VOCAB, WIDTH, dtype=policy)(tokens)
+    layer = MHA(num_heads=2, key_dim=4, dtype=policy, name="attn")
+    hidden = layer(hidden, hidden, use_causal_mask=True)
+    mixed = keras.Model(tokens, keras.layers.Dense(VOCAB, dtype=policy)(
+        hidden))
+    mixed.set_weights(low.get_weights())
+    ids = rng.integers(0, VOCAB, (BATCH, QUERIES)).astype("int32")
+    query = ops.take(mixed.layers[1].embeddings, ids, axis=0)
+    _, own_weights = layer(query, query, use_causal_mask=True,
+                           return_attention_scores=True)
+    with record_attention(layer) as records:
+        layer(query, query, use_causal_mask=True)
+    record = records["attn"]
+    assert keras.backend.standardize_dtype(record["scores"].dtype) == (
+        "float32")
+    np.testing.assert_array_equal(to_np(record["weights"]),
+                                  to_np(own_weights))
+    expected = diag.probe_diagnostics(low, ids, ids, None)["layers"]["attn"]
+    found = diag.probe_diagnostics(mixed, ids, ids, None)["layers"]["attn"]
+    for key in ("grad_norm_scores", "grad_norm_query"):
+        assert found[key] == pytest.approx(expected[key], rel=0.05), key
+
+
 # ------------------------------------------------ finding and restoring
 def test_attention_layers_finds_every_kind_in_build_order(rng):
     inner_input = keras.Input((QUERIES, WIDTH))
