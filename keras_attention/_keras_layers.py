@@ -250,9 +250,11 @@ def _scores_and_input(scores, offset):
     """The float32 scores to record and the softmax's input made from them
     (plus the offset), in the scores' dtype: the input depends on the
     recorded tensor, so a tape or autograd differentiates through it, and
-    the float32 round trip is exact, so the layer's numbers do not change."""
+    the float32 round trip is exact, so the layer's numbers do not change.
+    The input is a new tensor: Keras 3.8 masks it in place on torch
+    (`scores -= ...`), which changed a record that shared its storage."""
     recorded = ops.cast(scores, "float32")
-    shifted = recorded if offset is None else (
+    shifted = ops.copy(recorded) if offset is None else (
         recorded + ops.cast(offset, "float32"))
     return recorded, ops.cast(shifted, scores.dtype)
 

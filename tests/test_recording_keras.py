@@ -29,6 +29,7 @@ WIDTH, BATCH, QUERIES, KEYS, VOCAB = 8, 2, 5, 6, 7
 MHA = keras.layers.MultiHeadAttention
 GQA = keras.layers.GroupQueryAttention
 SINGLE_HEAD = ("attention", "additive")
+KERAS_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 PATCHED = ("_compute_attention", "_masked_softmax", "_apply_scores")
 
 
@@ -134,6 +135,8 @@ def assert_restored(layer):
 def test_recorded_weights_equal_the_layers_own(kind, case, rng):
     if case == "attention_mask" and kind in SINGLE_HEAD:
         pytest.skip("Attention and AdditiveAttention take no attention_mask")
+    if case == "padding" and kind in SINGLE_HEAD and KERAS_VERSION < (3, 9):
+        pytest.skip("Keras < 3.9's Attention itself fails on a (B, S) mask")
     layer = make_layer(kind)
     query, value = inputs(rng)
     masks, expected_mask = masks_for(kind, case, rng)
