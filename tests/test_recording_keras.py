@@ -432,3 +432,29 @@ def test_probe_refuses_a_model_without_attention_naming_the_kinds():
     with pytest.raises(ValueError, match="MultiHeadAttention.*Attention"):
         diag.probe_diagnostics(model, np.zeros((1, 3)), np.zeros((1,)),
                                None)
+
+
+def test_summaries_of_a_layer_without_projections(rng, tmp_path):
+    """`write_diagnostics` writes |dL/dscores| of a Keras `Attention` layer
+    and no kernel gradients (it has none), read back with TensorBoard's
+    own event reader."""
+    from tensorboard.backend.event_processing import event_file_loader
+
+    from keras_attention.events import SummaryWriter
+
+    model, _ = probe_model("attention", True, rng)
+    ids = rng.integers(0, VOCAB, (BATCH, QUERIES)).astype("int32")
+    result = diag.probe_diagnostics(model, ids, ids, None)
+    with SummaryWriter(tmp_path) as writer:
+        diag.write_diagnostics(result, step=3, writer=writer, max_images=0)
+    tags = {
+        value.tag
+        for path in tmp_path.glob("events.out.tfevents.*")
+        for event in event_file_loader.EventFileLoader(str(path)).Load()
+        for value in event.summary.value
+    }
+    assert {tag for tag in tags if tag.startswith("gradients/")} == {
+        "gradients/attn/scores"}
+    assert "attention/mean/grad_norm_scores" in tags
+    assert "attention/mean/grad_norm_query" not in tags
+    assert "attention/attn/entropy/head0" in tags

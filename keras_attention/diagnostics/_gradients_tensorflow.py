@@ -59,13 +59,15 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
         # differentiate only the trainable variables.
         gradients[name] = [
             None if source is None
-            else _zero_if_frozen(source, next(grads), tf)
+            else _zero_if_frozen(source, next(grads))
             for source in group
         ]
     return logits, loss, records, gradients
 
 
-def _zero_if_frozen(source, grad, tf):
+def _zero_if_frozen(source, grad):
+    import tensorflow as tf
+
     if not getattr(source, "trainable", True):
         return tf.zeros_like(grad)
     return grad
