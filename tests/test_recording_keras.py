@@ -426,6 +426,17 @@ def test_probe_gradients_match_a_written_out_forward_pass(kind, causal,
     assert_restored(layer)
 
 
+def test_probe_gives_zero_for_a_frozen_projection(rng):
+    """A frozen Keras projection's gradient norm is 0, as a frozen kernel
+    of our layer's is, on every backend."""
+    model, layer = probe_model("mha", False, rng)
+    layer._query_dense.trainable = False
+    ids = rng.integers(0, VOCAB, (BATCH, QUERIES)).astype("int32")
+    stats = diag.probe_diagnostics(model, ids, ids, None)["layers"]["attn"]
+    assert stats["grad_norm_query"] == 0.0
+    assert stats["grad_norm_key"] > 1e-3 and stats["grad_norm_scores"] > 1e-3
+
+
 def test_probe_refuses_a_model_without_attention_naming_the_kinds():
     x = keras.Input((3,))
     model = keras.Model(x, keras.layers.Dense(2)(x))
