@@ -67,7 +67,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS)
 # Without TensorFlow and without KERAS_BACKEND, Keras would fail at import:
 # take JAX (else torch) and say so in one line, before anything imports it.
 backend_choice.use_installed_backend()
-if "keras" in sys.modules:
+if sys.modules.get("keras") is not None:
     # Keras is loaded (its backend fixed), so loading the layers costs
     # little: they register with Keras's serialization now, which
     # `keras.saving.load_model` after `import keras_attention` needs.

@@ -147,7 +147,7 @@ def use_installed_backend(environ=None, stream=None):
     Returns:
         The `BackendChoice`, or `None` when Keras was already imported.
     """
-    if "keras" in sys.modules:
+    if sys.modules.get("keras") is not None:
         return None
     environ = os.environ if environ is None else environ
     choice = choose_backend(environ)

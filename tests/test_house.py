@@ -66,7 +66,6 @@ FLOORS = {
     "keras_attention.serving": 2,
     "keras_attention.export_onnx": 2,
     "keras_attention.export": 2,
-    "keras_attention.callbacks": 2,
     "keras_attention.viz": 2,
     "keras_attention": 2,  # the package's re-exports
     # 3, the pipelines.
