@@ -20,6 +20,7 @@ environment), and a dashboard that fails to load says why in its tab. A
 from the package index).
 """
 
+import importlib
 import json
 import os
 import pathlib
@@ -196,6 +197,18 @@ def get(url, timeout=30):
         return response.read(), dict(response.headers)
 
 
+def wait_for_tensorboard(server, log, timeout=120):
+    """The URL TensorBoard (started with `--port 0`) prints once it serves;
+    fails with its log if it exits or stays silent."""
+    deadline = time.monotonic() + timeout
+    while server.poll() is None and time.monotonic() < deadline:
+        match = re.search(r"at (http://127\.0\.0\.1:\d+)/", log.read_text())
+        if match:
+            return match.group(1)
+        time.sleep(0.2)
+    pytest.fail(f"TensorBoard did not start:\n{log.read_text()}")
+
+
 def test_tensorboard_serves_maps_without_keras(tmp_path):
     written = write_maps(tmp_path / "logs" / "run_a")
     env = child_env(tmp_path, ("tensorflow", "keras", "jax", "torch"))
@@ -207,15 +220,7 @@ def test_tensorboard_serves_maps_without_keras(tmp_path):
             env=env, cwd=str(tmp_path), stdout=output,
             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        match = None
-        while match is None and server.poll() is None:
-            assert time.monotonic() < deadline, log.read_text()
-            match = re.search(r"at (http://127\.0\.0\.1:\d+)/",
-                              log.read_text())
-            time.sleep(0.2)
-        assert match, log.read_text()
-        url = match.group(1)
+        url = wait_for_tensorboard(server, log)
         listing = json.loads(get(f"{url}/data/plugins_listing")[0])
         # Enabled: TensorBoard found the plugin's data in the run.
         assert listing["attention"]["enabled"] is True
@@ -348,3 +353,81 @@ def test_keras_config_path_follows_keras(tmp_path):
     (tmp_path / "keras.json").write_text("not json")
     assert backend_choice.keras_config_backend(
         {"KERAS_HOME": str(tmp_path)}) is None
+
+
+# ------------------------------------------------- a real environment
+# The README's "Without TensorFlow" install, less TensorFlow's packages.
+VENV_PACKAGES = ("keras", "jax", "numpy", "tensorboard", "matplotlib",
+                 "markdown-it-py")
+
+
+@pytest.mark.slow
+def test_in_a_real_venv_without_tensorflow(tmp_path):
+    """A fresh virtual environment with the package installed (from a copy
+    of the source, as a wheel: its entry points and static files as a user
+    gets them) and no TensorFlow: import, the command line and plain
+    `tensorboard`. Needs the package index (skipped without it)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True,
+                   timeout=300)
+    bin_dir = venv / "bin"
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("keras_attention", "pipelines", "pyproject.toml",
+                 "README.md"):
+        subprocess.run(["cp", "-r", str(REPO / name), str(source / name)],
+                       check=True)
+    install = subprocess.run(
+        [str(bin_dir / "pip"), "install", "-q", *VENV_PACKAGES],
+        capture_output=True, text=True, timeout=1800)
+    if install.returncode != 0:
+        pytest.skip(f"pip could not install {VENV_PACKAGES}: "
+                    f"{install.stderr.strip().splitlines()[-1:]}")
+    subprocess.run([str(bin_dir / "pip"), "install", "-q", "--no-deps",
+                    str(source)], check=True, timeout=600,
+                   capture_output=True)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("KERAS_BACKEND", "PYTHONPATH")}
+    env.update(KERAS_HOME=str(tmp_path / "keras_home"), JAX_PLATFORMS="cpu",
+               PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]))
+
+    def run(*args):
+        return subprocess.run(list(args), env=env, cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=600)
+
+    missing = run("python", "-c", "import tensorflow")
+    assert "No module named 'tensorflow'" in missing.stderr
+    for child in (run("python", "-c", "import keras_attention"),
+                  run("keras-attention", "--help"),
+                  run("keras-attention", *TINY_TRAIN, "--logdir",
+                      str(tmp_path / "run"))):
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert stderr_lines(child) == [FALLBACK_LINE], child.stderr
+    log = tmp_path / "tensorboard.log"
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            ["tensorboard", "--logdir", str(tmp_path / "run"), "--host",
+             "127.0.0.1", "--port", "0"], env=env, cwd=str(tmp_path),
+            stdout=output, stderr=subprocess.STDOUT)
+    try:
+        url = wait_for_tensorboard(server, log)
+        tags = json.loads(get(f"{url}/data/plugin/attention/tags")[0])
+        assert tags["eval"]["attention/attention_0/maps"]["steps"] == [0, 3, 6]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.mark.parametrize("package", ["keras_attention", "keras_attention.viz"])
+def test_lazy_names_are_their_modules_objects(package):
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        home = importlib.import_module(module._LAZY_EXPORTS[name])
+        assert getattr(module, name) is getattr(home, name), name
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name  # noqa: B018
+    namespace = {}
+    exec(f"from {package} import *", namespace)
+    assert set(module.__all__) <= set(namespace)
