@@ -73,3 +73,4 @@ if sys.modules.get("keras") is not None:
     # `keras.saving.load_model` after `import keras_attention` needs.
     for _name in __all__:
         __getattr__(_name)
+    del _name

@@ -12,8 +12,9 @@ Each subcommand lives in its own pipeline module, which provides
 full disk, an unwritable file, no Keras backend installed) exits 1 with one
 line. Without `--backend`, `KERAS_BACKEND` or a backend in Keras's
 `keras.json`, Keras runs on TensorFlow, else on JAX, else on torch (one
-line on stderr says so; `keras_attention.backend_choice`). This is floor 4, the top:
-it may import every pipeline, and nothing imports it but `__main__`.
+line on stderr says so; `keras_attention.backend_choice`). This is floor 4,
+the top: it may import every pipeline, and nothing imports it but
+`__main__`.
 """
 
 import argparse

@@ -21,10 +21,12 @@ from the package index).
 """
 
 import importlib
+import contextlib
 import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +46,8 @@ from keras_attention.viz.tensorboard_plugin import AttentionLoader
 from keras_attention.viz.tensorboard_plugin import UnavailablePlugin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import _browser  # noqa: E402  (headless Chromium, shared with the dashboard's tests)
 FALLBACK_LINE = (
     "keras-attention: warning: TensorFlow, Keras's default backend, is not "
     "installed; Keras runs on jax (set KERAS_BACKEND to jax, torch or "
@@ -139,11 +143,15 @@ def test_command_line_takes_jax_says_so_and_works(tmp_path):
     logdir = tmp_path / "run"
     out = tmp_path / "exported.keras"
     # One process for the three commands (a process costs ~6 s of imports
-    # here); `pipelines.__main__` is only `sys.exit(main())`.
+    # here): `python -m pipelines --help`, then `main` for the others.
     child = run_child(["-c", (
-        "import sys\n"
+        "import runpy, sys\n"
+        "sys.argv = ['keras-attention', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('pipelines', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
         "from pipelines.cli import main\n"
-        "assert main(['--help']) == 0\n"
         f"assert main({TINY_TRAIN + ['--logdir', str(logdir)]!r}) == 0\n"
         f"assert main(['export', '--logdir', {str(logdir)!r}, '--out',\n"
         f"             {str(out)!r}]) == 0\n")],
@@ -177,6 +185,20 @@ def test_command_line_without_its_backend_exits_in_one_line(
     assert child.stdout == ""
 
 
+def test_backend_flag_is_read_before_the_package_is_imported(tmp_path):
+    """`--backend` must be in `KERAS_BACKEND` before `import keras_attention`
+    picks a fallback: the module that reads it imports neither."""
+    child = run_child(["-c", (
+        "import sys\n"
+        "import pipelines.backends\n"
+        "print(sorted(name for name, module in sys.modules.items()\n"
+        "             if module is not None\n"
+        "             and name.split('.')[0] in ('keras', 'keras_attention')))\n"
+    )], child_env(tmp_path), tmp_path)
+    assert child.returncode == 0, child.stderr
+    assert (child.stdout.strip(), child.stderr) == ("[]", "")
+
+
 # --------------------------------------------------------- TensorBoard
 def write_maps(logdir):
     """Two steps of one layer's maps; `{step: weights}` as written."""
@@ -197,30 +219,40 @@ def get(url, timeout=30):
         return response.read(), dict(response.headers)
 
 
-def wait_for_tensorboard(server, log, timeout=120):
-    """The URL TensorBoard (started with `--port 0`) prints once it serves;
-    fails with its log if it exits or stays silent."""
-    deadline = time.monotonic() + timeout
-    while server.poll() is None and time.monotonic() < deadline:
-        match = re.search(r"at (http://127\.0\.0\.1:\d+)/", log.read_text())
-        if match:
-            return match.group(1)
-        time.sleep(0.2)
-    pytest.fail(f"TensorBoard did not start:\n{log.read_text()}")
+@contextlib.contextmanager
+def tensorboard(logdir, env, log, command=(sys.executable, "-m",
+                                           "tensorboard.main")):
+    """Plain TensorBoard on `logdir` in a child (`--port 0`); yields its URL
+    once it serves, stops it after, and fails if its log shows a
+    traceback."""
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [*command, "--logdir", str(logdir), "--host", "127.0.0.1",
+             "--port", "0"], env=env, cwd=str(log.parent), stdout=output,
+            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        match = None
+        while match is None and server.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            match = re.search(r"at (http://127\.0\.0\.1:\d+)/",
+                              log.read_text())
+            time.sleep(0.2)
+        if match is None:
+            pytest.fail(f"TensorBoard did not start:\n{log.read_text()}")
+        yield match.group(1)
+        assert server.poll() is None, log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def test_tensorboard_serves_maps_without_keras(tmp_path):
     written = write_maps(tmp_path / "logs" / "run_a")
     env = child_env(tmp_path, ("tensorflow", "keras", "jax", "torch"))
-    log = tmp_path / "tensorboard.log"
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir",
-             str(tmp_path / "logs"), "--host", "127.0.0.1", "--port", "0"],
-            env=env, cwd=str(tmp_path), stdout=output,
-            stderr=subprocess.STDOUT)
-    try:
-        url = wait_for_tensorboard(server, log)
+    with tensorboard(tmp_path / "logs", env, tmp_path / "tb.log") as url:
         listing = json.loads(get(f"{url}/data/plugins_listing")[0])
         # Enabled: TensorBoard found the plugin's data in the run.
         assert listing["attention"]["enabled"] is True
@@ -239,11 +271,53 @@ def test_tensorboard_serves_maps_without_keras(tmp_path):
         assert meta["step"] == 9 and meta["query_labels"][1] == list("abcd")
         index = get(f"{base}/index.js")[0]
         assert index == (plugin_module._STATIC / "index.js").read_bytes()
-        assert server.poll() is None
+
+
+@pytest.mark.parametrize("browser_check", [
+    False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_broken_install_keeps_tensorboard_and_says_why(tmp_path,
+                                                         browser_check):
+    """A copy of the package without the frontend's files, first on the
+    path: TensorBoard starts, serves its other routes, and the tab's module
+    says what is missing; in Chromium (slow), the ATTENTION tab shows it."""
+    if browser_check and not _browser.have_chromium():
+        pytest.skip("needs /usr/bin/chromium and /usr/bin/chromedriver")
+    write_maps(tmp_path / "logs" / "run_a")
+    copy = tmp_path / "broken"
+    shutil.copytree(REPO / "keras_attention", copy / "keras_attention",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(copy / "keras_attention/viz/tensorboard_plugin/static")
+    env = child_env(tmp_path, ("tensorflow", "keras", "jax", "torch"))
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), env["PYTHONPATH"]])
+    with tensorboard(tmp_path / "logs", env, tmp_path / "tb.log") as url:
+        listing = json.loads(get(f"{url}/data/plugins_listing")[0])
+        assert listing["attention"]["enabled"] is True
+        assert "scalars" in listing
+        script = get(f"{url}/data/plugin/attention/index.js")[0].decode()
+        shown = json.loads(re.search(r"textContent = (.*);", script).group(1))
+        assert shown.startswith("The Attention dashboard could not load: ")
+        assert "FileNotFoundError" in shown and "static" in shown
+        if browser_check:
+            assert shown == tab_text(url)
+
+
+def tab_text(url):
+    """The text of the ATTENTION tab's page, read in headless Chromium."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _browser.chromium()
+    try:
+        driver.get(f"{url}/#attention")
+        wait = WebDriverWait(driver, 60)
+        frame = wait.until(expected_conditions.presence_of_element_located((
+            By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=attention']")))
+        driver.switch_to.frame(frame)
+        return wait.until(expected_conditions.presence_of_element_located((
+            By.ID, "unavailable"))).text
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()
+        driver.quit()
 
 
 def test_the_plugin_imports_no_backend_when_one_is_installed(tmp_path):
@@ -403,20 +477,10 @@ def test_in_a_real_venv_without_tensorflow(tmp_path):
                       str(tmp_path / "run"))):
         assert child.returncode == 0, child.stderr[-3000:]
         assert stderr_lines(child) == [FALLBACK_LINE], child.stderr
-    log = tmp_path / "tensorboard.log"
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            ["tensorboard", "--logdir", str(tmp_path / "run"), "--host",
-             "127.0.0.1", "--port", "0"], env=env, cwd=str(tmp_path),
-            stdout=output, stderr=subprocess.STDOUT)
-    try:
-        url = wait_for_tensorboard(server, log)
+    with tensorboard(tmp_path / "run", env, tmp_path / "tb.log",
+                     command=[str(bin_dir / "tensorboard")]) as url:
         tags = json.loads(get(f"{url}/data/plugin/attention/tags")[0])
         assert tags["eval"]["attention/attention_0/maps"]["steps"] == [0, 3, 6]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.mark.parametrize("package", ["keras_attention", "keras_attention.viz"])

@@ -70,9 +70,20 @@ def decode_meta(blob):
 
 
 def example_nbytes(meta):
-    """Bytes of one example's `(H, T, S)` weights in the second blob."""
-    _, heads, queries, keys = meta["shape"]
-    return heads * queries * keys * ITEMSIZE[meta["dtype"]]
+    """Bytes of one example's `(H, T, S)` weights in the second blob.
+
+    Raises:
+        ValueError: if `meta` names no shape of four or an unknown dtype.
+    """
+    try:
+        _, heads, queries, keys = meta["shape"]
+        itemsize = ITEMSIZE[meta["dtype"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"an attention summary's meta needs a 4-d `shape` and a `dtype` "
+            f"of {DTYPES}; received shape {meta.get('shape')!r}, dtype "
+            f"{meta.get('dtype')!r}") from None
+    return heads * queries * keys * itemsize
 
 
 def decode_summary(blobs):
