@@ -47,7 +47,7 @@ from keras_attention.viz.tensorboard_plugin import UnavailablePlugin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import _browser  # noqa: E402  (headless Chromium, shared with the dashboard's tests)
+import _browser  # noqa: E402  (headless Chromium, as the dashboard's tests)
 FALLBACK_LINE = (
     "keras-attention: warning: TensorFlow, Keras's default backend, is not "
     "installed; Keras runs on jax (set KERAS_BACKEND to jax, torch or "
@@ -132,7 +132,8 @@ def test_without_any_backend_the_first_keras_name_says_so(tmp_path):
         ["-c", "from keras_attention import ScaledDotProductAttention"],
         env, tmp_path)
     assert child.returncode == 1
-    assert stderr_lines(child)[-1] == f"ImportError: keras-attention: {NO_BACKEND}"
+    assert stderr_lines(child)[-1] == (
+        f"ImportError: keras-attention: {NO_BACKEND}")
     # Not Keras's ModuleNotFoundError chained under it.
     assert "tensorflow" not in child.stderr.replace(NO_BACKEND, "")
     assert len(stderr_lines(child)) <= 8, child.stderr
@@ -193,7 +194,8 @@ def test_backend_flag_is_read_before_the_package_is_imported(tmp_path):
         "import pipelines.backends\n"
         "print(sorted(name for name, module in sys.modules.items()\n"
         "             if module is not None\n"
-        "             and name.split('.')[0] in ('keras', 'keras_attention')))\n"
+        "             and name.split('.')[0] in ('keras',\n"
+        "                                        'keras_attention')))\n"
     )], child_env(tmp_path), tmp_path)
     assert child.returncode == 0, child.stderr
     assert (child.stdout.strip(), child.stderr) == ("[]", "")
@@ -312,7 +314,8 @@ def tab_text(url):
         driver.get(f"{url}/#attention")
         wait = WebDriverWait(driver, 60)
         frame = wait.until(expected_conditions.presence_of_element_located((
-            By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=attention']")))
+            By.CSS_SELECTOR,
+            "iframe[src*='plugin_entry.html?name=attention']")))
         driver.switch_to.frame(frame)
         return wait.until(expected_conditions.presence_of_element_located((
             By.ID, "unavailable"))).text
