@@ -12,16 +12,18 @@ like (`importlib.util.find_spec` finds nothing, `import` raises
   one line, or exits with one line when it cannot;
 * `tensorboard`, with TensorFlow, Keras, JAX and torch all missing, loads
   the Attention dashboard through the package's entry point and serves the
-  maps the parent wrote, checked against the parent's arrays.
+  maps the parent wrote, checked against the parent's arrays; from a copy
+  of the package without the frontend's files it still starts, and the tab
+  says why (read in Chromium under `-m slow`).
 
 In this process: the backend rules (`choose_backend` against a fake
-environment), and a dashboard that fails to load says why in its tab. A
-`slow` test repeats the check in a real virtual environment (it installs
-from the package index).
+environment), the lazy names against their modules, and the loader's
+fallback plugin. A `slow` test repeats the check in a real virtual
+environment (it installs from the package index).
 """
 
-import importlib
 import contextlib
+import importlib
 import json
 import os
 import pathlib
