@@ -12,7 +12,8 @@ Floors (a module imports only from its own floor, without cycles, or below):
 
 - 0, core: `ops`, `scales` (the score scales), `memory_efficient`, `files`,
   `validation`, `initializers`, `events` (TensorBoard event files written
-  without TensorFlow);
+  without TensorFlow), `backend_choice` (which Keras backend can start),
+  `lazy` (re-exports imported on first use);
 - 1, the layer: `layer` (and its private helpers), `recording` (with
   `_keras_layers`, its one seam into Keras's own attention layers);
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
@@ -20,21 +21,34 @@ Floors (a module imports only from its own floor, without cycles, or below):
   `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
-by it. This module re-exports the names most users need.
+by it. This module re-exports the names most users need, each imported
+when first used (`keras_attention.lazy`); `backend_choice` (floor 0) picks
+the Keras backend before Keras loads.
 """
 
-from keras_attention.embeddings import FactoredEmbedding
-from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.models import build_sequence_model
-from keras_attention.ops import attention_entropy
-from keras_attention.ops import causal_mask
-from keras_attention.ops import masked_softmax
-from keras_attention.ops import scaled_dot_product_attention
-from keras_attention.recording import attention_layers
-from keras_attention.recording import record_attention
-from keras_attention.transformer_block import TransformerBlock
+import sys
+
+from keras_attention import backend_choice
+from keras_attention.lazy import lazy_exports
 
 __version__ = "0.1.0"
+
+# Where each re-exported name lives. Importing the package imports none of
+# them (nor Keras): TensorBoard imports this package to load the Attention
+# dashboard, which needs no Keras backend.
+_LAZY_EXPORTS = {
+    "AttentionMonitor": "keras_attention.callbacks",
+    "FactoredEmbedding": "keras_attention.embeddings",
+    "ScaledDotProductAttention": "keras_attention.layer",
+    "TransformerBlock": "keras_attention.transformer_block",
+    "attention_entropy": "keras_attention.ops",
+    "attention_layers": "keras_attention.recording",
+    "build_sequence_model": "keras_attention.models",
+    "causal_mask": "keras_attention.ops",
+    "masked_softmax": "keras_attention.ops",
+    "record_attention": "keras_attention.recording",
+    "scaled_dot_product_attention": "keras_attention.ops",
+}
 
 __all__ = [
     "FactoredEmbedding",
@@ -48,3 +62,16 @@ __all__ = [
     "record_attention",
     "scaled_dot_product_attention",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS)
+
+# Without TensorFlow and without KERAS_BACKEND, Keras would fail at import:
+# take JAX (else torch) and say so in one line, before anything imports it.
+backend_choice.use_installed_backend()
+if sys.modules.get("keras") is not None:
+    # Keras is loaded (its backend fixed), so loading the layers costs
+    # little: they register with Keras's serialization now, which
+    # `keras.saving.load_model` after `import keras_attention` needs.
+    for _name in __all__:
+        __getattr__(_name)
+    del _name

@@ -11,7 +11,7 @@ runs it. It has two signatures, both taking int32 `tokens` `(B, T)`:
   ...), so a served model can show where it attends.
 
 `format="keras"` writes the native Keras file instead (load it with
-`keras.saving.load_model` after `import keras_attention`),
+`keras.saving.load_model` after `import keras, keras_attention`),
 `format="tflite"` converts the SavedModel to a TensorFlow Lite flat buffer
 with the same two signatures, and `format="onnx"` writes one ONNX graph
 with both groups of outputs, for ONNX Runtime (`keras_attention.export_onnx`).

@@ -9,8 +9,12 @@
 Each subcommand lives in its own pipeline module, which provides
 `add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
 2 and one line on stderr, before any work starts; an environment failure (a
-full disk, an unwritable file) exits 1 with one line. This is floor 4, the top:
-it may import every pipeline, and nothing imports it but `__main__`.
+full disk, an unwritable file, no Keras backend installed) exits 1 with one
+line. Without `--backend`, `KERAS_BACKEND` or a backend in Keras's
+`keras.json`, Keras runs on TensorFlow, else on JAX, else on torch (one
+line on stderr says so; `keras_attention.backend_choice`). This is floor 4,
+the top: it may import every pipeline, and nothing imports it but
+`__main__`.
 """
 
 import argparse
@@ -27,6 +31,23 @@ def _choose_backend(argv):
     backend = backend_from_argv(argv)
     if backend is not None:
         os.environ["KERAS_BACKEND"] = backend
+
+
+def _exit_unless_keras_can_start(argv):
+    """Exits with one line on stderr when no installed backend can run
+    Keras: status 2 when `--backend` names one that is not installed (as
+    for any flag the machine cannot honour), 1 when the environment
+    (`KERAS_BACKEND`, `keras.json`, no backend installed at all) is at
+    fault."""
+    flag = backend_from_argv(argv)
+    if flag is not None and not backend_choice.installed(flag):
+        print(f"keras-attention: error: --backend {flag}: {flag} is not "
+              f"installed (pip install {flag})", file=sys.stderr)
+        sys.exit(2)
+    problem = backend_choice.choose_backend().problem
+    if problem is not None:
+        print(f"keras-attention: error: {problem}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _import_keras_quietly():
@@ -66,6 +87,12 @@ def _import_keras_quietly():
 # fixed at import, and the backend's start-up lines would reach stderr.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _choose_backend(sys.argv[1:])
+# After --backend is applied: importing the package takes JAX, else torch,
+# when nothing names a backend and TensorFlow, Keras's default, is not
+# installed, and says so in one line (`backend_choice`, no Keras imported).
+from keras_attention import backend_choice  # noqa: E402
+
+_exit_unless_keras_can_start(sys.argv[1:])
 _import_keras_quietly()
 
 from pipelines import compare  # noqa: E402

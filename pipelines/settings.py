@@ -265,7 +265,8 @@ class TrainConfig:
         None, "devices", "Keras backend, set before Keras is imported "
         "(default: the running Keras backend; KERAS_BACKEND or "
         "~/.keras/keras.json choose it, as for any Keras program, and "
-        "tensorflow without them)", choices=BACKENDS)
+        "tensorflow without them, else jax, else torch, when TensorFlow is "
+        "not installed)", choices=BACKENDS)
     strategy: str = setting("auto", "devices", "distribution strategy "
                             "(default: {default})", choices=STRATEGIES,
                             kind=RUNTIME)

@@ -10,6 +10,11 @@ importing it:
   pipelines (they only dodge cycles);
 * each package's `__init__.py` has a docstring.
 
+A package that re-exports lazily (`keras_attention.lazy`: PEP 562, so that
+TensorBoard loads the dashboard without Keras) names its modules in a
+module-level `_LAZY_EXPORTS = {name: "module", ...}` table; each module it
+names counts as a module-level import, so floors and cycles see through it.
+
 Each checker is a plain function of a source root, tested first on a small
 fake tree (so none of them can pass by finding nothing), then on the real
 one.
@@ -42,6 +47,8 @@ FLOORS = {
     "keras_attention.validation": 0,
     "keras_attention.initializers": 0,
     "keras_attention.events": 0,
+    "keras_attention.backend_choice": 0,
+    "keras_attention.lazy": 0,
     # 1, the layer, its private helpers and the recording hook.
     "keras_attention.layer": 1,
     "keras_attention._layer_utils": 1,
@@ -99,6 +106,8 @@ FLOORS = {
     "pipelines.__main__": 4,
 }
 EXACT = frozenset(PROJECT_PACKAGES)
+# The module-level table of a lazy package (`keras_attention.lazy`).
+LAZY_TABLE = "_LAZY_EXPORTS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +187,25 @@ def imports(root, packages=PROJECT_PACKAGES):
                 if _is_project(target):
                     found.append(Import(source, _resolve(target, known),
                                         relative_path, node.lineno, local))
+        for target, line in _lazy_targets(tree):
+            if _is_project(target):
+                found.append(Import(source, _resolve(target, known),
+                                    relative_path, line, False))
     return found
+
+
+def _lazy_targets(tree):
+    """`(module, line)` of every module named in a module-level
+    `LAZY_TABLE` dict of the module `tree`."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(target, ast.Name)
+                        and target.id == LAZY_TABLE
+                        for target in node.targets)):
+            for value in node.value.values:
+                if isinstance(value, ast.Constant) and isinstance(
+                        value.value, str):
+                    yield value.value, value.lineno
 
 
 def _import_nodes(tree):
@@ -417,6 +444,29 @@ def test_an_upward_import_and_an_unplaced_module_are_found(clean_tree):
     assert unplaced_modules(clean_tree) == ["keras_attention.extra"]
 
 
+def test_a_lazy_table_counts_as_imports(clean_tree):
+    _write(clean_tree, "keras_attention/__init__.py",
+           '"""Library."""\n'
+           f'{LAZY_TABLE} = {{"Layer": "keras_attention.layer",\n'
+           '                  "train": "pipelines.train"}\n')
+    assert {(i.source, i.target, i.line, i.local)
+            for i in imports(clean_tree) if i.source == "keras_attention"} == {
+        ("keras_attention", "keras_attention.layer", 2, False),
+        ("keras_attention", "pipelines.train", 3, False),
+    }
+    assert upward_imports(clean_tree) == [
+        "keras_attention/__init__.py:3: keras_attention (floor 2) imports "
+        "pipelines.train (floor 3)",
+    ]
+    # A module-level edge: a lazy table closes a cycle like an import.
+    _write(clean_tree, "keras_attention/ops.py",
+           f'{LAZY_TABLE} = {{"x": "keras_attention.layer"}}\n')
+    assert import_cycles(clean_tree) == [
+        ["keras_attention.layer", "keras_attention.ops",
+         "keras_attention.layer"]
+    ]
+
+
 def test_a_cycle_is_reported_as_a_path(clean_tree):
     _write(clean_tree, "pipelines/train.py", "from pipelines import export\n")
     _write(clean_tree, "pipelines/export.py",
@@ -447,6 +497,8 @@ def test_floor_table_lookup():
     assert floor_of("keras_attention.tasks.recall") == 2
     assert floor_of("keras_attention") == 2
     assert floor_of("keras_attention.new_module") is None  # not inherited
+    assert floor_of("keras_attention.backend_choice") == 0
+    assert floor_of("keras_attention.viz.summary_format") == 2
     assert floor_of("pipelines.compare.report") == 3
     assert floor_of("pipelines.cli") == 4
     assert floor_of("pipelines.somewhere") is None

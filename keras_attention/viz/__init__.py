@@ -6,9 +6,12 @@ Floor 2 (beside models, tasks, diagnostics and export): imports the
 diagnostics (`keras_attention.diagnostics`: statistics and drawing) and the
 core (`keras_attention.files`), never the pipelines. `plots` makes the
 figures, `html` the interactive page (inline script and style, no network),
-`summary` the dashboard's TensorBoard summaries; `tensorboard_plugin`
-(loaded by TensorBoard through the `tensorboard_plugins` entry point)
-imports `summary`, and nothing in the library imports the plugin.
+`summary` the dashboard's TensorBoard summaries, `summary_format` their
+plugin name, metadata and blob encoding (numpy and TensorBoard's protos
+only); `tensorboard_plugin` (loaded by TensorBoard through the
+`tensorboard_plugins` entry point) imports `summary_format` and no Keras,
+and nothing in the library imports the plugin. The names below are imported
+when first used (`keras_attention.lazy`).
 
     from keras_attention.viz import plot_attention, attention_html
 
@@ -16,14 +19,20 @@ imports `summary`, and nothing in the library imports the plugin.
     attention_html(weights, task.token_labels(tokens))   # shows in Jupyter
 """
 
-from keras_attention.viz.html import AttentionHTML
-from keras_attention.viz.html import attention_html
-from keras_attention.viz.plots import plot_attention
-from keras_attention.viz.plots import plot_attention_pair
-from keras_attention.viz.summary import attention_summary
-from keras_attention.viz.summary import decode_summary
-from keras_attention.viz.summary import head_statistics
-from keras_attention.viz.summary import write_attention_summary
+from keras_attention.lazy import lazy_exports
+
+# Imported when first used: the plugin (under this package) is loaded by
+# TensorBoard, which must start without Keras.
+_LAZY_EXPORTS = {
+    "AttentionHTML": "keras_attention.viz.html",
+    "attention_html": "keras_attention.viz.html",
+    "attention_summary": "keras_attention.viz.summary",
+    "decode_summary": "keras_attention.viz.summary_format",
+    "head_statistics": "keras_attention.viz.summary",
+    "plot_attention": "keras_attention.viz.plots",
+    "plot_attention_pair": "keras_attention.viz.plots",
+    "write_attention_summary": "keras_attention.viz.summary",
+}
 
 __all__ = [
     "AttentionHTML",
@@ -35,3 +44,5 @@ __all__ = [
     "plot_attention_pair",
     "write_attention_summary",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS)

@@ -18,15 +18,21 @@ float16 map is 8 MB a step).
 import json
 
 import numpy as np
-from tensorboard.compat.proto import summary_pb2
 
 from keras_attention.diagnostics import layer_statistics
 from keras_attention.diagnostics import score_std
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_writer
+# The format, kept where the dashboard reads it without Keras; its names
+# stay importable from here.
+from keras_attention.viz.summary_format import DTYPES
+from keras_attention.viz.summary_format import FORMAT_VERSION
+from keras_attention.viz.summary_format import PLUGIN_NAME  # noqa: F401
+from keras_attention.viz.summary_format import decode_summary  # noqa: F401
+from keras_attention.viz.summary_format import encode_weights
+from keras_attention.viz.summary_format import summary_metadata
+from keras_attention.viz.summary_format import summary_tag
 
-PLUGIN_NAME = "attention"
-FORMAT_VERSION = 1
 # Per example and head, in this order; `score_std` only when the record has
 # scores.
 STATISTICS = (
@@ -35,27 +41,6 @@ STATISTICS = (
     "saturated_fraction",
     "score_std",
 )
-# float16 keeps ~3 significant digits of small weights (a uniform row over
-# 2048 keys is 4.9e-4, which uint8 rounds to 0 or 1/255); uint8 halves the
-# bytes when only the picture matters.
-DTYPES = ("float16", "uint8")
-_UINT8_SCALE = 255.0
-
-
-def summary_tag(layer):
-    """The summary tag of `layer`'s attention maps."""
-    return f"attention/{layer}/maps"
-
-
-def summary_metadata(layer):
-    """`SummaryMetadata` naming the plugin, for the summary of `layer`."""
-    content = {"version": FORMAT_VERSION, "layer": str(layer)}
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=PLUGIN_NAME, content=json.dumps(content).encode()
-        ),
-        data_class=summary_pb2.DATA_CLASS_BLOB_SEQUENCE,
-    )
 
 
 def head_statistics(record):
@@ -190,32 +175,6 @@ def write_attention_summary(layer, record, step, query_labels,
                                    target_cells, dtype)
     writer.tensor(summary_tag(layer), [json.dumps(meta).encode(), data],
                   int(step), summary_metadata(layer))
-
-
-def encode_weights(weights, dtype="float16"):
-    """The weights as little-endian bytes of `dtype` (see `DTYPES`)."""
-    dtype = check_choice(dtype, "dtype", DTYPES)
-    weights = np.clip(np.asarray(weights, np.float32), 0.0, 1.0)
-    if dtype == "uint8":
-        return np.round(weights * _UINT8_SCALE).astype(np.uint8).tobytes()
-    return weights.astype("<f2").tobytes()
-
-
-def decode_summary(blobs):
-    """`(meta, weights)` of a summary's two blobs; weights float32
-    `(E, H, T, S)`, as they were logged (after the dtype's rounding)."""
-    if len(blobs) != 2:
-        raise ValueError(
-            f"`blobs` must be the two blobs [meta, weights] of an attention "
-            f"summary; received {len(blobs)}."
-        )
-    meta = json.loads(bytes(blobs[0]).decode("utf-8"))
-    shape = tuple(meta["shape"])
-    if meta["dtype"] == "uint8":
-        array = np.frombuffer(blobs[1], np.uint8) / _UINT8_SCALE
-    else:
-        array = np.frombuffer(blobs[1], "<f2")
-    return meta, array.astype(np.float32).reshape(shape)
 
 
 def _check_weights(weights):

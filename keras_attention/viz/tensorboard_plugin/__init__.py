@@ -7,9 +7,12 @@ URL outside the TensorBoard server). TensorBoard finds `AttentionLoader`
 through the `tensorboard_plugins` entry point of the installed package;
 `python -m keras_attention.viz.tensorboard_plugin --logdir DIR` starts
 TensorBoard with it from a source tree whose entry point is not installed.
+Nothing here imports Keras or a backend (TensorBoard starts without them);
+when the dashboard cannot load, `UnavailablePlugin` says why in the tab.
 """
 
 from keras_attention.viz.tensorboard_plugin.plugin import AttentionLoader
 from keras_attention.viz.tensorboard_plugin.plugin import AttentionPlugin
+from keras_attention.viz.tensorboard_plugin.plugin import UnavailablePlugin
 
-__all__ = ["AttentionLoader", "AttentionPlugin"]
+__all__ = ["AttentionLoader", "AttentionPlugin", "UnavailablePlugin"]
