@@ -15,13 +15,15 @@ Floors (a module imports only from its own floor, without cycles, or below):
   without TensorFlow);
 - 1, the layer: `layer` (and its private helpers), `recording`;
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
-  `tasks`, `diagnostics`, `serving` (what an export serves), `export_onnx`,
-  `export`.
+  `tasks`, `diagnostics`, `viz`, `dashboard` (probing a model and writing
+  what TensorBoard shows), `callbacks` (`AttentionMonitor` for
+  `model.fit`), `serving` (what an export serves), `export_onnx`, `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
 by it. This module re-exports the names most users need.
 """
 
+from keras_attention.callbacks import AttentionMonitor
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.layer import ScaledDotProductAttention
 from keras_attention.models import build_sequence_model
@@ -36,6 +38,7 @@ from keras_attention.transformer_block import TransformerBlock
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionMonitor",
     "FactoredEmbedding",
     "ScaledDotProductAttention",
     "TransformerBlock",
