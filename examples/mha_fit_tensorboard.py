@@ -89,6 +89,7 @@ def main(argv=None):
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
               callbacks=callbacks, verbose=2)
     print(f"tensorboard --logdir {args.logdir}")
+    return model
 
 
 if __name__ == "__main__":

@@ -74,13 +74,14 @@ def normalized_entropy(weights):
 
 
 # ------------------------------------------------ (a) MultiHeadAttention
-def test_mha_fit_tensorboard(tmp_path, monkeypatch, capsys):
+def test_mha_fit_tensorboard(tmp_path, capsys):
+    keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
     logdir = tmp_path / "logs"
-    namespace, printed = run_example(
-        "mha_fit_tensorboard", [*TINY, "--logdir", str(logdir)], monkeypatch,
-        capsys)
-    assert f"tensorboard --logdir {logdir}" in printed
+    # Its main(), to keep the trained model.
+    namespace = runpy.run_path(str(EXAMPLES / "mha_fit_tensorboard.py"))
+    model = namespace["main"]([*TINY, "--logdir", str(logdir)])
+    assert f"tensorboard --logdir {logdir}" in capsys.readouterr().out
     maps, scalars = read_run(logdir / "train")
 
     # One map tag, the layer's own name, at every logging step.
@@ -93,27 +94,38 @@ def test_mha_fit_tensorboard(tmp_path, monkeypatch, capsys):
     tokens, _ = namespace["reversal_data"](NUM_EXAMPLES, SEQ_LEN, 10, seed=1)
     digits = [[str(t) for t in row] for row in tokens]
     assert meta["query_labels"] == digits == meta["key_labels"]
-    # Each row is a distribution; the statistics are those of the weights,
-    # computed here in numpy (float16 weights: 1e-2).
-    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-2)
+    # The last maps are what the trained layer itself returns for the
+    # examples (float16 in the file).
+    layer = model.get_layer("multi_head_attention")
+    features = keras.Model(model.input, layer.input[0])(tokens)  # (x, x)
+    _, own = layer(features, features, return_attention_scores=True)
+    np.testing.assert_allclose(weights, keras.ops.convert_to_numpy(own),
+                               atol=1e-3)
+    # The statistics are those of the weights, computed here in numpy.
     np.testing.assert_allclose(
         meta["statistics"]["entropy_normalized"],
         normalized_entropy(weights).mean(-1), atol=1e-2)
 
-    # Training moved the maps, and per-head entropy was logged beside the
-    # maps at the same steps.
+    # Training moved the maps. Per head, the entropy scalar at each step is
+    # that of the logged maps, and the gradient at the scores is logged
+    # (the examples have targets).
     assert not np.allclose(logged[0][1], weights, atol=1e-3)
-    entropy_tags = [tag for tag in scalars if "entropy" in tag]
-    assert entropy_tags, sorted(scalars)
-    for tag in entropy_tags:
-        assert sorted(scalars[tag]) == STEPS, tag
-    # fit's own loss is there too (Keras's TensorBoard callback, or the
-    # monitor without TensorFlow).
-    assert any("loss" in tag for tag in scalars), sorted(scalars)
+    for head in range(2):
+        entropy = scalars[
+            f"attention/multi_head_attention/entropy_normalized/head{head}"]
+        assert sorted(entropy) == STEPS
+        for step in STEPS:
+            assert entropy[step] == pytest.approx(
+                normalized_entropy(logged[step][1][:, head]).mean(), abs=1e-2)
+    assert sorted(scalars["gradients/multi_head_attention/scores"]) == STEPS
+    # fit's own loss, per epoch (Keras's TensorBoard callback, or the
+    # monitor itself without TensorFlow).
+    assert sorted(scalars["epoch_loss"]) == [0, 1]
 
 
 # ------------------------------------------------- (b) the scale lesson
 def test_scale_vs_no_scale(tmp_path, monkeypatch, capsys):
+    keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
     key_dim = 16
     logdir = tmp_path / "logs"
@@ -171,6 +183,7 @@ def test_readme_snippet_runs(tmp_path, monkeypatch):
     example = runpy.run_path(
         str(EXAMPLES / "mha_fit_tensorboard.py"))
     monkeypatch.chdir(tmp_path)
+    keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
     exec(compile(snippet, "README.md", "exec"),
          {"PositionEmbedding": example["PositionEmbedding"]})
