@@ -190,3 +190,15 @@ def test_readme_snippet_runs(tmp_path, monkeypatch):
     maps, _ = read_run(tmp_path / "logs" / "train")
     # 64 sequences in Keras's default batches of 32: 2 a epoch, 8 in all.
     assert sorted(maps["attention/multi_head_attention/maps"]) == [0, 8]
+
+
+# ------------------------------------------------------- other backends
+@pytest.mark.slow
+@from_outer_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_examples_on_other_backends(backend):
+    """Both scripts and their checks on JAX and torch (a child pytest;
+    measured 42 s on JAX, 22 s on torch on 2 shared cores: slow, the
+    default run covers the scripts on TensorFlow)."""
+    run_pytest_under(backend, ["test_examples.py"],
+                     "mha_fit_tensorboard or scale_vs_no_scale")
