@@ -187,11 +187,17 @@ def test_readme_snippet_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
-    exec(compile(snippet, "README.md", "exec"),
-         {"PositionEmbedding": example["PositionEmbedding"]})
+    namespace = {"PositionEmbedding": example["PositionEmbedding"]}
+    exec(compile(snippet, "README.md", "exec"), namespace)
     maps, _ = read_run(tmp_path / "logs" / "train")
     # 64 sequences in Keras's default batches of 32: 2 a epoch, 8 in all.
-    assert sorted(maps["attention/multi_head_attention/maps"]) == [0, 8]
+    logged = maps["attention/multi_head_attention/maps"]
+    assert sorted(logged) == [0, 8]
+    meta, weights = logged[8]
+    assert weights.shape == (4, 2, 8, 8)
+    # Labelled with the digits of the first four sequences.
+    assert meta["query_labels"] == [
+        [str(d) for d in row] for row in namespace["x_train"][:4]]
 
 
 # ------------------------------------------------------- other backends
