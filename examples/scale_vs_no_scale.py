@@ -10,7 +10,7 @@ seed (so the same initial weights and batches) on the same data, with
 run's score std is sqrt(d_k) times the scaled one's and its entropy is far
 lower.
 
-    python examples/scale_vs_no_scale.py
+    python examples/scale_vs_no_scale.py     # 20 s on TensorFlow, 2 CPU cores
     tensorboard --logdir logs/scale_vs_no_scale
 
 In the ATTENTION tab the orange button "scaled vs unscaled, d_k 64, seed 0"
@@ -69,16 +69,24 @@ def build_models(scale, seq_len, vocab_size, key_dim, d_model=32,
     return keras.Model(tokens, logits), keras.Model(tokens, weights)
 
 
+def positive_int(text):
+    """An integer flag's value, refused (exit status 2) unless it is >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer; received {text!r}")
+    return int(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--logdir", default="logs/scale_vs_no_scale")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--sequences", type=int, default=4096,
+    parser.add_argument("--epochs", type=positive_int, default=4)
+    parser.add_argument("--sequences", type=positive_int, default=4096,
                         help="training sequences per epoch")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seq-len", type=int, default=8)
-    parser.add_argument("--key-dim", type=int, default=64)
-    parser.add_argument("--update-freq", type=int, default=20,
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--seq-len", type=positive_int, default=8)
+    parser.add_argument("--key-dim", type=positive_int, default=64)
+    parser.add_argument("--update-freq", type=positive_int, default=20,
                         help="log attention every this many batches")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -109,7 +117,7 @@ def main(argv=None):
         entropy = attention_entropy(attention.predict(examples[0], verbose=0),
                                     normalize=True)
         print(f"{arm:>8} (scale={scale!r}): final loss "
-              f"{history.history['loss'][-1]:.4f}, attention entropy "
+              f"{history.history['loss'][-1]:.3g}, attention entropy "
               f"{float(keras.ops.mean(entropy)):.3f} (1 = uniform, "
               f"0 = one-hot)")
     print(f"tensorboard --logdir {args.logdir}")

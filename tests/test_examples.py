@@ -172,6 +172,22 @@ def test_scale_vs_no_scale(tmp_path, monkeypatch, capsys):
             < normalized_entropy(scaled).mean() - 0.2)
 
 
+@pytest.mark.parametrize("name, flag", [
+    ("mha_fit_tensorboard", "--update-freq"),
+    ("scale_vs_no_scale", "--key-dim"),
+])
+def test_bad_flag_refused_before_training(name, flag, tmp_path, monkeypatch,
+                                          capsys):
+    logdir = tmp_path / "logs"
+    with pytest.raises(SystemExit) as exit_info:
+        run_example(name, [flag, "0", "--logdir", str(logdir)], monkeypatch,
+                    capsys)
+    assert exit_info.value.code == 2
+    assert (f"error: argument {flag}: must be a positive integer; received "
+            f"'0'") in capsys.readouterr().err
+    assert not logdir.exists()
+
+
 # ---------------------------------------------------- the README's snippet
 def test_readme_snippet_runs(tmp_path, monkeypatch):
     """The first code block of README.md, with the example's
