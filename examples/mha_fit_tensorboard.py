@@ -23,10 +23,12 @@ monitor logs fit's loss and metrics itself).
 import argparse
 import importlib.util
 
+# keras_attention before Keras: where TensorFlow is missing and KERAS_BACKEND
+# is unset, it picks JAX (else torch) and says so, where Keras alone would
+# fail to import.
+from keras_attention import AttentionMonitor
 import keras
 import numpy as np
-
-from keras_attention import AttentionMonitor
 
 
 def reversal_data(num_sequences, seq_len, vocab_size, seed):

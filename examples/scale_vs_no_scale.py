@@ -23,12 +23,14 @@ import argparse
 import importlib.util
 import os
 
-import keras
-import numpy as np
-
+# keras_attention before Keras: where TensorFlow is missing and KERAS_BACKEND
+# is unset, it picks JAX (else torch) and says so, where Keras alone would
+# fail to import.
 from keras_attention import AttentionMonitor
 from keras_attention import ScaledDotProductAttention
 from keras_attention import attention_entropy
+import keras
+import numpy as np
 
 
 def reversal_data(num_sequences, seq_len, vocab_size, seed):
