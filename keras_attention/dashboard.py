@@ -44,8 +44,9 @@ class AttentionLogger:
             statistics in what `probe` returns or what is written.
         sample_weight: optional weights of the targets.
         labels: token labels, one list per example (`(B, T)` nested
-            sequences of strings), or `None` for positions `0..T-1`. An axis
-            of a map whose length is not the labels' gets positions.
+            sequences of strings; at least one per dashboard example), or
+            `None` for positions `0..T-1`. An axis of a map whose length is
+            not the labels' gets positions.
         target_cells: optional `(row, column)` cells per dashboard example
             that its targets read from (`task.target_cells`).
         dashboard: write the Attention dashboard's summary.
@@ -129,11 +130,19 @@ class AttentionLogger:
         labels = self.labels
 
         def axis(length):
-            if labels is not None and len(labels) >= examples and all(
-                len(row) == length for row in labels[:examples]
-            ):
-                return [list(row) for row in labels[:examples]]
-            return [[str(position) for position in range(length)]] * examples
+            if labels is None:
+                return [[str(position) for position in range(length)]
+                        ] * examples
+            if len(labels) < examples:
+                raise ValueError(
+                    f"`labels` must hold the labels of each of the "
+                    f"{examples} examples shown; received {len(labels)}.")
+            rows = [list(row) for row in labels[:examples]]
+            if any(len(row) != length for row in rows):
+                # Another axis's labels (cross-attention): positions.
+                return [[str(position) for position in range(length)]
+                        ] * examples
+            return rows
 
         return axis(queries), axis(keys)
 

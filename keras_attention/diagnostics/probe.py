@@ -264,10 +264,11 @@ def _forward(model, layers, loss_fn, call, tokens, targets, sample_weight,
         logits = call(tokens)
     logits = keras.tree.map_structure(
         lambda output: keras.ops.cast(output, "float32"), logits)
-    # Without targets there is no loss: a constant 0, whose gradients are
-    # zeros on every backend (not written by `write_diagnostics` callers
-    # that know they gave no targets).
-    loss = (keras.ops.zeros((), "float32") if targets is None
+    # Without targets there is no loss: 0, as the sum of an empty slice of
+    # the outputs, so that every backend's backward pass takes it (a
+    # `tf.GradientTape` refuses a constant) and gives zeros.
+    loss = (keras.ops.sum(keras.tree.flatten(logits)[0][..., :0])
+            if targets is None
             else loss_fn(targets, logits, sample_weight))
     records = {name: records[name] for name in records if name in layers}
     if not records:
