@@ -106,25 +106,44 @@ def _unsupported(layer, what):
 
 
 def _method(layer, name, parameters):
-    """The layer's own method (not a wrapper of ours) and its signature,
-    whose first parameters must be `parameters` (names, or a count)."""
+    """The layer's own method (not a wrapper of ours) and the parameter
+    names of the Keras class's method it overrides or is, which Keras's
+    callers follow; their first names must be `parameters` (names, or the
+    number of parameters)."""
     method = getattr(layer, name, None)
     method = getattr(method, _ORIGINAL, method)
-    if not callable(method):
-        raise _unsupported(layer, f"it has no method `{name}`")
-    signature = inspect.signature(method)
-    found = list(signature.parameters)
+    base = next(cls for cls in KERAS_ATTENTION_LAYERS
+                if isinstance(layer, cls))
+    if not callable(method) or not callable(getattr(base, name, None)):
+        raise _unsupported(layer, f"{base.__name__} has no `{name}`")
+    found = list(inspect.signature(getattr(base, name)).parameters)[1:]
     if isinstance(parameters, int):
-        fits = len(found) == parameters
+        fits, expected = len(found) == parameters, f"{parameters} parameters"
     else:
         fits = found[:len(parameters)] == list(parameters)
+        expected = list(parameters)
     if not fits:
-        expected = (f"{parameters} parameters" if isinstance(parameters, int)
-                    else list(parameters))
         raise _unsupported(
-            layer, f"`{name}` takes {found}, not {expected}"
+            layer, f"`{base.__name__}.{name}` takes {found}, not {expected}"
         )
-    return method, signature
+    return method, found
+
+
+def _argument(names, args, kwargs, name, default=None):
+    """The value of parameter `name` in a call `(*args, **kwargs)`."""
+    index = names.index(name)
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if index < len(args) else default
+
+
+def _replaced(names, args, kwargs, name, value):
+    """`(args, kwargs)` with `name` set to `value`, passed the way the
+    caller passed it (a subclass's override may take fewer keywords)."""
+    index = names.index(name)
+    if name in kwargs or index >= len(args):
+        return args, {**kwargs, name: value}
+    return args[:index] + (value,) + args[index + 1:], kwargs
 
 
 def _wrapper(original, function):
@@ -133,18 +152,18 @@ def _wrapper(original, function):
 
 
 def _multi_head_patches(layer, records, offset):
-    compute, compute_signature = _method(
-        layer, "_compute_attention", ("query", "key", "value")
+    compute, compute_names = _method(
+        layer, "_compute_attention",
+        ("query", "key", "value", "attention_mask", "training"),
     )
-    # (scores, mask); named `attention_scores` or `scores` by the class.
-    softmax, softmax_signature = _method(layer, "_masked_softmax", 2)
-    by_argument = "return_attention_scores" in compute_signature.parameters
+    # (scores, mask): named `attention_scores` or `scores` by the class.
+    softmax, softmax_names = _method(layer, "_masked_softmax", 2)
+    by_argument = "return_attention_scores" in compute_names
     calls = [0]  # softmax calls, to check each attention call made one
 
     def masked_softmax(*args, **kwargs):
-        bound = softmax_signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        scores, mask = bound.args
+        scores = _argument(softmax_names, args, kwargs, softmax_names[0])
+        mask = _argument(softmax_names, args, kwargs, softmax_names[1])
         if len(scores.shape) != 4:
             raise ValueError(
                 f"Cannot record attention layer {layer.name!r}: it attends "
@@ -152,7 +171,9 @@ def _multi_head_patches(layer, records, offset):
                 "recording takes scores (B, H, T, S)."
             )
         recorded_scores, fed = _scores_and_input(scores, offset)
-        weights = softmax(fed, mask)
+        args, kwargs = _replaced(softmax_names, args, kwargs,
+                                 softmax_names[0], fed)
+        weights = softmax(*args, **kwargs)
         records[layer.name] = {
             "scores": recorded_scores,
             "weights": weights,
@@ -162,9 +183,11 @@ def _multi_head_patches(layer, records, offset):
         return weights
 
     def compute_attention(*args, **kwargs):
-        bound = compute_signature.bind(*args, **kwargs)
-        if by_argument:
-            bound.arguments["return_attention_scores"] = True
+        if by_argument:  # Keras >= 3.9's MultiHeadAttention
+            args, kwargs = _replaced(compute_names, args, kwargs,
+                                     "return_attention_scores", True)
+        # Keras 3.7 - 3.8's MultiHeadAttention and GroupQueryAttention >=
+        # 3.7 read the request from the instance; flash attention refuses it.
         state = {"_return_attention_scores": True, "_flash_attention": False}
         saved = {name: layer.__dict__[name] for name in state
                  if name in layer.__dict__}
@@ -172,7 +195,7 @@ def _multi_head_patches(layer, records, offset):
         try:
             for name in saved:
                 object.__setattr__(layer, name, state[name])
-            result = compute(*bound.args, **bound.kwargs)
+            result = compute(*args, **kwargs)
         finally:
             for name, value in saved.items():
                 object.__setattr__(layer, name, value)
@@ -190,13 +213,12 @@ def _multi_head_patches(layer, records, offset):
 
 
 def _single_head_patch(layer, records, offset):
-    apply, signature = _method(
+    apply, names = _method(
         layer, "_apply_scores", ("scores", "value", "scores_mask")
     )
 
     def apply_scores(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        scores = bound.arguments["scores"]
+        scores = _argument(names, args, kwargs, "scores")
         if len(scores.shape) != 3:
             raise ValueError(
                 f"Cannot record attention layer {layer.name!r}: its scores "
@@ -206,8 +228,10 @@ def _single_head_patch(layer, records, offset):
         recorded_scores, fed = _scores_and_input(
             ops.expand_dims(scores, 1), offset
         )
-        bound.arguments["scores"] = ops.squeeze(fed, 1)
-        result = apply(*bound.args, **bound.kwargs)
+        mask = _argument(names, args, kwargs, "scores_mask")
+        args, kwargs = _replaced(names, args, kwargs, "scores",
+                                 ops.squeeze(fed, 1))
+        result = apply(*args, **kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise _unsupported(
                 layer, "`_apply_scores` does not return (output, weights)"
@@ -215,7 +239,7 @@ def _single_head_patch(layer, records, offset):
         records[layer.name] = {
             "scores": recorded_scores,
             "weights": ops.expand_dims(result[1], 1),
-            "mask": _rank4_mask(bound.arguments.get("scores_mask")),
+            "mask": _rank4_mask(mask),
         }
         return result
 
@@ -226,9 +250,11 @@ def _scores_and_input(scores, offset):
     """The float32 scores to record and the softmax's input made from them
     (plus the offset), in the scores' dtype: the input depends on the
     recorded tensor, so a tape or autograd differentiates through it, and
-    the float32 round trip is exact, so the layer's numbers do not change."""
+    the float32 round trip is exact, so the layer's numbers do not change.
+    The input is a new tensor: Keras 3.8 masks it in place on torch
+    (`scores -= ...`), which changed a record that shared its storage."""
     recorded = ops.cast(scores, "float32")
-    shifted = recorded if offset is None else (
+    shifted = ops.copy(recorded) if offset is None else (
         recorded + ops.cast(offset, "float32"))
     return recorded, ops.cast(shifted, scores.dtype)
 
