@@ -222,8 +222,8 @@ def test_readme_snippet_runs(tmp_path, monkeypatch):
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_examples_on_other_backends(backend):
     """Both scripts and their checks on JAX and torch (a child pytest;
-    measured 42 s on JAX, 22 s on torch on 2 shared cores: slow, the
-    default run covers the scripts on TensorFlow)."""
+    measured 19-42 s on JAX, 14-22 s on torch on 2 shared cores: slow,
+    the default run covers the scripts on TensorFlow)."""
     run_pytest_under(backend, ["test_examples.py"],
                      "mha_fit_tensorboard or scale_vs_no_scale")
 
@@ -233,7 +233,7 @@ def test_examples_on_other_backends(backend):
 def test_mha_example_without_tensorflow(tmp_path):
     """examples/mha_fit_tensorboard.py as a user runs it on JAX where
     TensorFlow cannot be imported: no Keras TensorBoard callback, and the
-    monitor writes fit's loss itself (measured 21 s)."""
+    monitor writes fit's loss itself (measured 13-21 s)."""
     pytest.importorskip("jax")
     logdir = tmp_path / "logs"
     # `sys.modules["tensorflow"] = None`: importing it fails and find_spec
