@@ -17,8 +17,9 @@ Floors (a module imports only from its own floor, without cycles, or below):
 - 1, the layer: `layer` (and its private helpers), `recording` (with
   `_keras_layers`, its one seam into Keras's own attention layers);
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
-  `tasks`, `diagnostics`, `serving` (what an export serves), `export_onnx`,
-  `export`.
+  `tasks`, `diagnostics`, `viz`, `dashboard` (probing a model and writing
+  what TensorBoard shows), `callbacks` (`AttentionMonitor` for
+  `model.fit`), `serving` (what an export serves), `export_onnx`, `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
 by it. This module re-exports the names most users need, each imported
@@ -51,6 +52,7 @@ _LAZY_EXPORTS = {
 }
 
 __all__ = [
+    "AttentionMonitor",
     "FactoredEmbedding",
     "ScaledDotProductAttention",
     "TransformerBlock",

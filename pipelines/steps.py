@@ -15,10 +15,10 @@ from typing import Callable, NamedTuple
 import keras
 import numpy as np
 
+from keras_attention.dashboard import DASHBOARD_EXAMPLES
+from keras_attention.dashboard import AttentionLogger
 from keras_attention.diagnostics import diagnostics_probe
-from keras_attention.diagnostics import write_diagnostics
 from keras_attention.tasks.text_patterns import pattern_scores
-from keras_attention.viz import write_attention_summary
 from pipelines.backends import backend_module
 from pipelines.builders import build_model
 from pipelines.builders import seed_run
@@ -27,9 +27,6 @@ from pipelines.common import to_jsonable
 
 # Largest held-out batch per evaluation call.
 MAX_EVAL_BATCH = 1024
-# Probe examples shown by the Attention dashboard (each costs
-# heads * T * S * 2 bytes a step in the event file).
-DASHBOARD_EXAMPLES = 4
 
 
 def eval_batch_size(num_examples, num_replicas):
@@ -133,21 +130,22 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
     # The Images tab's heat maps carry the same token labels.
     labels = None if task is None else task.token_labels(token_ids)
     shown = token_ids[:DASHBOARD_EXAMPLES]
-    cells = None if task is None else task.target_cells(shown)
     patterns = {} if task is None else task.attention_patterns(token_ids)
+    # The same logger as `keras_attention.AttentionMonitor`'s.
+    logger = AttentionLogger(
+        probe_host_model, *probe, labels=labels,
+        target_cells=None if task is None else task.target_cells(shown),
+        dashboard=task is not None, dashboard_examples=DASHBOARD_EXAMPLES,
+        max_images=MAX_IMAGES,
+    )
 
     def diagnose(step, images=True):
         parts.steps.sync()
         host_model.set_weights(parts.model.get_weights())
-        diagnostics = probe_host_model(*probe)
+        diagnostics = logger.probe()
         scores = _pattern_scores(diagnostics, patterns)
         if writer.wants(step):
-            if task is not None:
-                _write_dashboard(diagnostics, step, labels[:len(shown)],
-                                 cells, writer.writer)
-            write_diagnostics(diagnostics, step, writer.writer,
-                              max_images=MAX_IMAGES if images else 0,
-                              query_labels=labels)
+            logger.write(diagnostics, step, writer.writer, images=images)
             for tag, value in _pattern_scalars(scores):
                 writer.writer.scalar(tag, value, step)
         record = diagnostics_record(diagnostics)
@@ -179,17 +177,6 @@ def _pattern_scalars(scores):
             if name != "chance":
                 for head, score in enumerate(heads):
                     yield f"patterns/{pattern}/{name}/head_{head}", score
-
-
-def _write_dashboard(diagnostics, step, labels, cells, writer):
-    """The dashboard summary of the first probe examples of every layer."""
-    examples = len(labels)
-    for name, stats in diagnostics["layers"].items():
-        record = {key: stats[key][:examples]
-                  for key in ("weights", "scores", "mask")
-                  if stats[key] is not None}
-        write_attention_summary(name, record, step, labels,
-                                target_cells=cells, writer=writer)
 
 
 def diagnostics_record(diagnostics):

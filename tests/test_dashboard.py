@@ -3,7 +3,8 @@ reads, and the ATTENTION tab itself in a real browser.
 
 The browser tests train two tiny runs named as a comparison names them
 (`scaled-dk16-seed0`, `unscaled-dk16-seed0`), add a 2048 x 2048 map written
-by the summary API, start one TensorBoard and one headless Chromium for the
+by the summary API and a user's `fit` of a `MultiHeadAttention` model with
+`AttentionMonitor` (examples/mha_fit_tensorboard.py, tiny), start one TensorBoard and one headless Chromium for the
 module, and check what the page shows against the event files read here.
 Screenshots of each state go to `$DASHBOARD_SCREENSHOTS` (or a temporary
 directory); the path is printed.
@@ -13,11 +14,13 @@ import glob
 import os
 import pathlib
 import re
+import runpy
 import shutil
 import sys
 import time
 import tomllib
 
+import keras
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import (
@@ -234,6 +237,13 @@ def write_long_map(directory):
                                 writer=writer)
 
 
+# 192 batches (3072 sequences of 8 digits, batches of 64, 4 epochs; 5.5 s),
+# enough for the reversal's anti-diagonal to form, the maps logged every 64:
+# at steps 0, 64, 128 and 192.
+MHA_FIT_FLAGS = ["--sequences", "3072", "--epochs", "4", "--update-freq",
+                 "64"]
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, tiny_config):
     root = tmp_path_factory.mktemp("dashboard")
@@ -242,6 +252,12 @@ def logdir(tmp_path_factory, tiny_config):
                           eval_every=12, checkpoint_every=12, scale=scale,
                           logdir=str(root / f"{arm}-dk16-seed0")))
     write_long_map(str(root / "long"))
+    # A user's `fit` of a MultiHeadAttention model with AttentionMonitor:
+    # examples/mha_fit_tensorboard.py at a tiny size.
+    keras.backend.clear_session()  # the layer's own default name
+    keras.utils.set_random_seed(0)
+    example = runpy.run_path(str(ROOT / "examples/mha_fit_tensorboard.py"))
+    example["main"](MHA_FIT_FLAGS + ["--logdir", str(root / "mha_fit")])
     # A text run of 256 characters a window, the corpus's own labels.
     train(resolve_config([Layer("tests", dict(
         task="text", seq_len=TEXT_LEN, d_model=16, key_dim=8, batch_size=2,
@@ -263,7 +279,7 @@ def screenshots(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(logdir, tmp_path_factory):
     with open(tmp_path_factory.mktemp("tensorboard") / "tb.log", "w") as log:
-        process, base = _browser.start_tensorboard(logdir, 3, stderr=log)
+        process, base = _browser.start_tensorboard(logdir, 5, stderr=log)
         try:
             yield base
         finally:
@@ -488,6 +504,59 @@ def test_text_run_shows_the_characters(page, logdir, screenshots):
     characters = set(meta["query_labels"][0])
     assert "\u2423" in characters and " " not in characters
     page.shot(screenshots, "5_text")
+
+
+MHA_RUN = "mha_fit/train"
+
+
+def test_fit_run_of_multi_head_attention(page, logdir, screenshots):
+    """A Keras MultiHeadAttention model trained with `fit` and
+    AttentionMonitor: its layer, both heads, the digit labels and every
+    logged step, as read from the event files here."""
+    from selenium.webdriver.common.keys import Keys
+
+    page.choose("#run", MHA_RUN)
+    assert [option.text for option in page.all("#layer option")] == [
+        "multi_head_attention"]
+    logged = read_summaries(str(logdir / MHA_RUN))[
+        summary_tag("multi_head_attention")]
+    steps = sorted(logged)
+    assert steps == [0, 64, 128, 192]
+    # The slider covers every logged step, first to last.
+    slider = page.find("#step")
+    assert int(slider.get_attribute("max")) == len(steps) - 1
+    for key, index in ((Keys.HOME, 0), (Keys.END, len(steps) - 1)):
+        if int(slider.get_attribute("value")) != index:
+            slider.send_keys(key)
+            page.drawn()
+        assert (f"step {steps[index]} ({index + 1}/{len(steps)})"
+                in page.find("#step-label").text)
+    meta, weights = logged[192]
+    assert weights.shape == (4, 2, 8, 8)
+    # One panel per head, each an 8 x 8 map labelled with the example's
+    # digits down the side and along the top.
+    panels = page.all(".panel")
+    assert [p.get_attribute("data-head") for p in panels] == ["0", "1"]
+    assert [p.find_element(page.by.CSS_SELECTOR, ".ptitle").text
+            for p in panels] == [f"{MHA_RUN} · head {h}" for h in (0, 1)]
+    digits = meta["query_labels"][0]
+    assert len(digits) == 8 and all(d in "0123456789" for d in digits)
+    for panel in panels:
+        canvas = panel.find_element(page.by.CSS_SELECTOR, "canvas.heat")
+        assert (canvas.get_attribute("data-rows"),
+                canvas.get_attribute("data-cols")) == ("8", "8")
+        for axis in (".qlabels .label", ".klabels .label"):
+            shown = panel.find_elements(page.by.CSS_SELECTOR, axis)
+            assert [label.text for label in shown] == digits
+    # Hovering a cell of head 1 shows its digits and its logged weight; the
+    # trained model reverses, so query 0 reads key 7 most.
+    tip = page.hover(panels[1].find_element(page.by.CSS_SELECTOR,
+                                            "canvas.heat"), 0, 7)
+    assert f"query 0: {digits[0]}" in tip.text
+    assert f"key 7: {digits[7]}" in tip.text
+    assert weight_of(tip) == pytest.approx(weights[0, 1, 0, 7], abs=6e-5)
+    assert np.argmax(weights[0, 1, 0]) == 7
+    page.shot(screenshots, "7_mha_fit")
 
 
 def test_exports(page, browser, screenshots):

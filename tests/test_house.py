@@ -68,6 +68,8 @@ FLOORS = {
     "keras_attention.export_onnx": 2,
     "keras_attention.export": 2,
     "keras_attention.viz": 2,
+    "keras_attention.dashboard": 2,
+    "keras_attention.callbacks": 2,
     "keras_attention": 2,  # the package's re-exports
     # 3, the pipelines.
     "pipelines": 3,

@@ -97,15 +97,17 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
             `keras_attention.recording.attention_layers`).
         tokens: model inputs for the probe batch.
         targets: integer class ids, shaped like the logits without their
-            last axis.
+            last axis (any targets `loss_fn` takes when it is given), or
+            `None`: no loss, and gradient norms of 0.
         sample_weight: weights shaped like `targets` (0 for padding), or
-            `None` for all ones.
+            `None` for all ones (passed as they are to a given `loss_fn`).
         loss_fn: optional `loss_fn(targets, logits, sample_weight)` returning
             a scalar tensor; defaults to `default_loss` (sparse categorical
             cross-entropy from logits averaged over the weighted positions).
 
     Returns:
-        A dict with `"loss"` and `"accuracy"` (weighted) floats, `"layers"`
+        A dict with `"loss"` and `"accuracy"` (weighted; `None` unless the
+        targets are integer class ids of the logits) floats, `"layers"`
         mapping each attention layer's name to its statistics (per-head
         arrays `"entropy"`, `"entropy_normalized"`, `"max_weight"`,
         `"saturated_fraction"` of shape `(H,)`; `"entropy_rows"`, the
@@ -136,7 +138,8 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
     ```
     """
     layers = _check_model(model)
-    targets, sample_weight = _probe_targets(targets, sample_weight)
+    targets, sample_weight = _probe_targets(targets, sample_weight,
+                                            loss_fn is None)
     loss_fn = default_loss if loss_fn is None else loss_fn
     passes = _backend().forward_backward(
         model, layers, _forward_pass(model, layers, loss_fn),
@@ -181,13 +184,15 @@ def diagnostics_probe(model, loss_fn=None):
     ```
     """
     layers = _check_model(model)
-    loss_fn = default_loss if loss_fn is None else loss_fn
+    default = loss_fn is None
+    loss_fn = default_loss if default else loss_fn
     forward_backward = _backend().compiled(
         model, layers, _forward_pass(model, layers, loss_fn)
     )
 
     def probe(tokens, targets, sample_weight):
-        targets, sample_weight = _probe_targets(targets, sample_weight)
+        targets, sample_weight = _probe_targets(targets, sample_weight,
+                                                default)
         return _diagnostics_from(
             layers,
             targets,
@@ -209,9 +214,19 @@ def _check_model(model):
     return layers
 
 
-def _probe_targets(targets, sample_weight):
+def _probe_targets(targets, sample_weight, default_loss_fn=True):
+    """The targets and weights as tensors. No targets: no loss (`None`,
+    `None`). A given `loss_fn` takes the weights as they come (`None`
+    included: Keras's losses broadcast weights themselves); the default
+    loss gets ones shaped like `targets` for `None`, and weights of exactly
+    that shape."""
     ops = keras.ops
+    if targets is None:
+        return None, None
     targets = ops.convert_to_tensor(targets)
+    if not default_loss_fn:
+        return targets, (None if sample_weight is None
+                         else ops.convert_to_tensor(sample_weight))
     if sample_weight is None:
         sample_weight = ops.ones(ops.shape(targets), dtype="float32")
     sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), "float32")
@@ -247,8 +262,14 @@ def _forward(model, layers, loss_fn, call, tokens, targets, sample_weight,
     with the values being differentiated."""
     with record_attention(model, score_offsets) as records:
         logits = call(tokens)
-    logits = keras.ops.cast(logits, "float32")
-    loss = loss_fn(targets, logits, sample_weight)
+    logits = keras.tree.map_structure(
+        lambda output: keras.ops.cast(output, "float32"), logits)
+    # Without targets there is no loss: 0, as the sum of an empty slice of
+    # the outputs, so that every backend's backward pass takes it (a
+    # `tf.GradientTape` refuses a constant) and gives zeros.
+    loss = (keras.ops.sum(keras.tree.flatten(logits)[0][..., :0])
+            if targets is None
+            else loss_fn(targets, logits, sample_weight))
     records = {name: records[name] for name in records if name in layers}
     if not records:
         raise ValueError(
@@ -261,11 +282,7 @@ def _forward(model, layers, loss_fn, call, tokens, targets, sample_weight,
 def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
                       gradients):
     to_numpy = keras.ops.convert_to_numpy
-    sample_weight = np.asarray(to_numpy(sample_weight), np.float64)
-    correct = np.argmax(to_numpy(logits), axis=-1) == to_numpy(targets)
-    accuracy = float(np.sum(correct * sample_weight)) / max(
-        float(np.sum(sample_weight)), 1e-12
-    )
+    accuracy = _accuracy(logits, targets, sample_weight)
 
     layer_stats = {}
     # In the model's order: `jax.jit` hands dicts back with sorted keys
@@ -295,8 +312,32 @@ def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
             reduce = np.max if key in SUMMARY_MAX_KEYS else np.mean
             summary[key] = float(reduce(values))
     return {
-        "loss": float(loss),
+        "loss": float(to_numpy(loss)),
         "accuracy": accuracy,
         "layers": layer_stats,
         "summary": summary,
     }
+
+
+def _accuracy(logits, targets, sample_weight):
+    """The weighted accuracy of the logits' argmax against integer class
+    ids of their shape without the last axis; `None` where the targets are
+    not such ids (no targets, one-hot or regression targets, several
+    outputs)."""
+    if targets is None or keras.tree.is_nested(logits):
+        return None
+    to_numpy = keras.ops.convert_to_numpy
+    logits, targets = to_numpy(logits), np.asarray(to_numpy(targets))
+    if (targets.shape != logits.shape[:-1]
+            or not np.issubdtype(targets.dtype, np.integer)):
+        return None
+    weight = np.ones(targets.shape)
+    if sample_weight is not None:
+        weight = np.asarray(to_numpy(sample_weight), np.float64)
+        # Keras's per-example weights `(B,)` weigh every position of `(B, T)`.
+        weight = np.broadcast_to(
+            weight.reshape(weight.shape
+                           + (1,) * (targets.ndim - weight.ndim)),
+            targets.shape)
+    correct = np.argmax(logits, axis=-1) == targets
+    return float(np.sum(correct * weight)) / max(float(np.sum(weight)), 1e-12)

@@ -51,7 +51,8 @@ def write_diagnostics(diagnostics, step, writer, max_images=3,
       so that steps and heads compare; about `MAX_HEATMAP_SIDE` pixels a
       side at most);
     * `gradients/<layer>/{query_kernel,key_kernel,value_kernel,scores}`
-      (scalars, L2 norms of the loss gradient);
+      (scalars, L2 norms of the loss gradient; only those whose
+      `grad_norm_*` key the layer's statistics hold);
 
     and `attention/mean/<key>` for every entry of `diagnostics["summary"]`.
 
@@ -118,7 +119,9 @@ def _write_all(writer, diagnostics, step, max_images, labels):
             step,
         )
         for key, tag in _GRADIENT_TAGS.items():
-            if stats[key] is not None:  # None: the layer has no such kernel
+            # Absent where the probe had no targets; None where the layer
+            # has no such kernel.
+            if stats.get(key) is not None:
                 writer.scalar(f"gradients/{name}/{tag}", float(stats[key]),
                               step)
         if max_images > 0:

@@ -166,7 +166,7 @@ async function draw() {
   if (!state.steps.length) {
     ui.view.replaceChildren();
     statusLine(state.compare ? "The two runs share no logged step of this layer." :
-      "No attention maps logged yet: train with diagnostics on (keras-attention train).");
+      "No attention maps logged yet: add keras_attention.AttentionMonitor to model.fit, or train with diagnostics on (keras-attention train).");
     return;
   }
   const step = state.steps[state.stepIndex];
@@ -247,6 +247,6 @@ export async function render() {
     });
     return button;
   }));
-  if (!runs.length) return statusLine("No attention maps in this logdir: train with diagnostics on (keras-attention train).");
+  if (!runs.length) return statusLine("No attention maps in this logdir: add keras_attention.AttentionMonitor to model.fit, or train with diagnostics on (keras-attention train).");
   refresh();
 }

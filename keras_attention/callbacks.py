@@ -1,0 +1,301 @@
+"""`AttentionMonitor`: attention in TensorBoard from any `model.fit`.
+
+Floor 2: a `keras.callbacks.Callback` driving `keras_attention.dashboard`'s
+`AttentionLogger` (the probe and the summaries the training pipeline writes
+too) and writing with `keras_attention.events.SummaryWriter`, so it runs
+without TensorFlow, on every Keras backend.
+
+Overhead, measured by `scripts/bench_callback.py` (fit with the callback
+over fit without, in one run per backend) on its default model, the recall
+task's `build_sequence_model` (2 layers, 2 heads), `update_freq=100`:
+see the table in that script's docstring and the README.
+"""
+
+import importlib.util
+import logging
+import os
+
+import keras
+import numpy as np
+
+from keras_attention.dashboard import DASHBOARD_EXAMPLES
+from keras_attention.dashboard import AttentionLogger
+from keras_attention.dashboard import is_finite
+from keras_attention.diagnostics import diagnostics_probe
+from keras_attention.events import SummaryWriter
+from keras_attention.recording import attention_layers
+from keras_attention.validation import check_int
+
+_LOG = logging.getLogger("keras_attention")
+
+
+class AttentionMonitor(keras.callbacks.Callback):
+    """Logs a model's attention to TensorBoard while `model.fit` trains it.
+
+    At step 0 (before the first batch), every `update_freq` batches and
+    after the last batch it probes every attention layer of the model on
+    `examples` (a forward pass with `training=False`, and a backward pass
+    of the model's compiled loss when the examples have targets) and
+    writes, to `log_dir/train` as `keras.callbacks.TensorBoard` does (give
+    both the same `log_dir`):
+
+    * `attention/<layer>/maps`: each head's map of the first
+      `dashboard_examples` examples, for TensorBoard's ATTENTION tab;
+    * per layer and head, the normalized entropy, max weight, saturated
+      fraction (`attention/<layer>/<statistic>/head<h>`) and the score std
+      before the softmax (`attention/<layer>/score_std`), the layers' means
+      (`attention/mean/...`) and, with targets, the norms of the loss's
+      gradient at the scores and W_Q, W_K, W_V (`gradients/<layer>/...`);
+    * `attention/diverged`: 0, or 1 at a step whose weights or statistics
+      were not finite (nothing else is written at that step; one warning
+      line is logged the first time).
+
+    Steps count the batches since `fit` began, as Keras's TensorBoard
+    callback counts them. Training is not changed: the probe reads the
+    weights (on JAX, after the state sync Keras's own callbacks use), draws
+    no random numbers and updates no variable, metric or optimizer state.
+
+    Args:
+        log_dir: the run's directory (as for `keras.callbacks.TensorBoard`).
+        examples: a batch the model takes: its inputs `x` (an array, a list
+            or a dict), or `(x, y)` / `(x, y, sample_weight)` for the
+            gradient statistics, unpacked as `fit` unpacks a tuple
+            (`keras.utils.unpack_x_y_sample_weight`: give several inputs
+            as a list or a dict).
+        update_freq: log every this many batches (a positive integer).
+        labels: token labels of the examples for the maps' axes: one list
+            of strings per example, or a function from `x` to such lists;
+            `None` labels positions.
+        loss: optional `loss(y_true, y_pred, sample_weight)` for the
+            gradient statistics; by default the loss the model was compiled
+            with (one loss for its one output).
+        dashboard_examples: examples shown in the ATTENTION tab.
+        max_images: examples drawn per head as labelled heat maps in the
+            Images tab at every logging step (0, the default: drawing costs
+            about 30 ms a map).
+        log_metrics: also write `fit`'s loss and metrics at each epoch's end
+            (`epoch_<name>` in `log_dir/train` and `log_dir/validation`, as
+            `keras.callbacks.TensorBoard` writes them). `None` (default): on
+            exactly when TensorFlow is not installed (Keras's callback needs
+            it).
+
+    Raises:
+        ValueError: naming the argument: a bad `update_freq`,
+            `dashboard_examples`, `max_images` or `labels`, `log_dir` that
+            is a file, or empty `examples` (here); `examples` the model
+            cannot take, a model without attention layers, or targets
+            without a loss (when `fit` starts, before the first batch and
+            before anything is written).
+
+    Example:
+
+    ```python
+    monitor = AttentionMonitor("logs", examples=(x_val[:8], y_val[:8]))
+    model.fit(x, y, epochs=3,
+              callbacks=[monitor, keras.callbacks.TensorBoard("logs")])
+    # tensorboard --logdir logs
+    ```
+    """
+
+    def __init__(self, log_dir, examples, update_freq=100, labels=None,
+                 loss=None, dashboard_examples=DASHBOARD_EXAMPLES,
+                 max_images=0, log_metrics=None):
+        super().__init__()
+        self.log_dir = _check_log_dir(log_dir)
+        self.update_freq = check_int(update_freq, "update_freq")
+        self._dashboard_examples = check_int(dashboard_examples,
+                                             "dashboard_examples")
+        self._max_images = check_int(max_images, "max_images", minimum=0,
+                                     expected="a non-negative integer")
+        self._x, self._y, self._sample_weight = _unpack(examples)
+        if labels is not None and not callable(labels) and not isinstance(
+            labels, (list, tuple, np.ndarray)
+        ):
+            raise ValueError(
+                "`labels` must be a list of token labels per example, a "
+                f"function from the inputs to them, or None; received "
+                f"{type(labels).__name__}."
+            )
+        self._labels = labels
+        self._loss = loss
+        if log_metrics is None:
+            log_metrics = importlib.util.find_spec("tensorflow") is None
+        self.log_metrics = bool(log_metrics)
+        self._writers = {}
+        self._logger = None
+        self._step = 0
+        self._logged = None
+        self._warned = False
+
+    # ------------------------------------------------------------ fit hooks
+    def on_train_begin(self, logs=None):
+        """Checks the model against the examples, then logs step 0."""
+        self._close()
+        self._step, self._logged, self._warned = 0, None, False
+        self._logger = None  # Set once the checks pass: nothing before.
+        logger = self._make_logger(self.model)
+        diagnostics = _first_probe(logger)
+        try:
+            self._writers["train"] = SummaryWriter(
+                os.path.join(self.log_dir, "train"))
+        except OSError as error:
+            raise ValueError(
+                f"`log_dir` {self.log_dir!r} cannot hold event files: "
+                f"{error}") from error
+        self._logger = logger
+        self._write(diagnostics, 0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._logger is not None and self._step % self.update_freq == 0:
+            self._log(self._step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._logger is None or not self.log_metrics or not logs:
+            return
+        for name, value in logs.items():
+            run = "validation" if name.startswith("val_") else "train"
+            self._writer(run).scalar(
+                f"epoch_{name[4:] if run == 'validation' else name}",
+                float(value), epoch)
+
+    def on_train_end(self, logs=None):
+        if self._logger is not None and self._logged != self._step:
+            self._log(self._step)
+        self._close()
+
+    # ------------------------------------------------------------- helpers
+    def _make_logger(self, model):
+        if not attention_layers(model):
+            raise ValueError(
+                f"`model` {model.name!r} has no attention layer for "
+                "AttentionMonitor to log.")
+        loss = None
+        if self._y is not None:
+            loss = self._loss or _compiled_loss(model)
+        labels = self._labels
+        if callable(labels):
+            labels = labels(self._x)
+        return AttentionLogger(
+            # Compiled once: a `tf.function` on TensorFlow, a `jax.jit` on
+            # JAX (the eager probe cost about 3x more per call).
+            diagnostics_probe(model, loss),
+            self._x, self._y, self._sample_weight, labels=labels,
+            dashboard_examples=self._dashboard_examples,
+            max_images=self._max_images,
+        )
+
+    def _log(self, step):
+        # `self.model` syncs JAX's training state into the variables, as
+        # Keras's own callbacks do before reading weights.
+        self.model  # noqa: B018
+        self._write(self._logger.probe(), step)
+
+    def _write(self, diagnostics, step):
+        writer = self._writer("train")
+        self._logged = step
+        if not is_finite(diagnostics):
+            if not self._warned:
+                _LOG.warning(
+                    "AttentionMonitor: the model diverged (non-finite "
+                    "weights or attention statistics) at step %d; marked "
+                    "in attention/diverged, maps not logged.", step)
+                self._warned = True
+            writer.scalar("attention/diverged", 1.0, step)
+            return
+        self._logger.write(diagnostics, step, writer)
+        writer.scalar("attention/diverged", 0.0, step)
+
+    def _writer(self, run):
+        if run not in self._writers:
+            self._writers[run] = SummaryWriter(os.path.join(self.log_dir,
+                                                            run))
+        return self._writers[run]
+
+    def _close(self):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
+
+
+def _check_log_dir(log_dir):
+    try:
+        log_dir = os.fspath(log_dir)
+    except TypeError:
+        raise ValueError(f"`log_dir` must be a path; received "
+                         f"{type(log_dir).__name__}.") from None
+    for path in (log_dir, os.path.join(log_dir, "train")):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ValueError(f"`log_dir` must be a directory; {path!r} is a "
+                             "file.")
+    return log_dir
+
+
+def _first_probe(logger):
+    """The diagnostics at step 0; `ValueError` naming `examples` where the
+    model cannot take them, or `labels` where they do not fit the maps."""
+    try:
+        diagnostics = logger.probe()
+    except Exception as error:
+        raise ValueError(
+            f"`examples` could not be probed: the model cannot take them "
+            f"({type(error).__name__}: {error})") from error
+    if is_finite(diagnostics):
+        try:
+            logger.check(diagnostics)
+        except ValueError as error:
+            raise ValueError(f"`labels` do not fit the attention maps: "
+                             f"{error}") from error
+    return diagnostics
+
+
+def _unpack(examples):
+    """`(x, y, sample_weight)` of `examples`, as host arrays."""
+    if examples is None:
+        raise ValueError("`examples` must be a batch of model inputs; "
+                         "received None.")
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(examples)
+    to_host = keras.tree.map_structure(
+        lambda value: None if value is None else np.asarray(value),
+        (x, y, sample_weight),
+    )
+    leaves = keras.tree.flatten(to_host[0])
+    if not leaves or any(np.ndim(leaf) == 0 or len(leaf) == 0
+                         for leaf in leaves):
+        raise ValueError("`examples` must hold a batch of at least one "
+                         "example for every model input.")
+    return to_host
+
+
+def _compiled_loss(model):
+    """`loss(y_true, y_pred, sample_weight)` of the model's compiled loss
+    (without `compute_loss`'s per-output loss metrics, which would count
+    the probe in `fit`'s logs)."""
+    loss = getattr(model, "loss", None)
+    if loss is None or keras.tree.is_nested(loss):
+        raise ValueError(
+            "`examples` holds targets, but the model was compiled without "
+            "a single loss to differentiate; compile it with one, pass "
+            "`loss=`, or give `examples` without targets.")
+    loss = keras.losses.get(loss)
+    if not isinstance(loss, keras.losses.Loss):
+        loss = _FunctionLoss(loss)
+
+    def compiled_loss(y_true, y_pred, sample_weight):
+        return loss(y_true, y_pred, sample_weight=sample_weight)
+
+    return compiled_loss
+
+
+class _FunctionLoss(keras.losses.Loss):
+    """A loss function `fn(y_true, y_pred)` with `Loss`'s weighting and
+    reduction, as `compile` wraps one."""
+
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)

@@ -1,0 +1,280 @@
+"""`AttentionMonitor` in `model.fit`: what it writes, read back with
+TensorBoard's own event reader, against numpy and the model's own recorded
+attention; the weights of a fit without it; bad input; divergence.
+
+The fit cases run here on TensorFlow and, through `run_pytest_under`, on JAX
+(with two host devices, so its distributed case is data parallel) and torch.
+"""
+
+import contextlib
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
+
+from _backends import BACKEND
+from _backends import from_outer_run
+from _backends import run_pytest_under
+from keras_attention import AttentionMonitor
+from keras_attention import build_sequence_model
+from keras_attention import record_attention
+from keras_attention.viz import decode_summary
+
+SEQ_LEN, VOCAB, BATCH = 8, 10, 8
+# 64 examples in batches of 8, two epochs: 16 steps.
+STEPS = 16
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    # Ids from 1: no padding, so every key is attendable.
+    x = rng.integers(1, VOCAB, (64, SEQ_LEN))
+    y = rng.integers(0, VOCAB, (64, SEQ_LEN))
+    return x, y
+
+
+def _model(jit_compile="auto", loss=None):
+    keras.utils.set_random_seed(1)
+    model = build_sequence_model(
+        vocab_size=VOCAB, seq_len=SEQ_LEN, num_classes=VOCAB, d_model=16,
+        key_dim=8, num_heads=2, num_layers=2, dropout=0.1,
+    )
+    model.compile(
+        optimizer="adam",
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True),
+        metrics=["accuracy"], jit_compile=jit_compile,
+    )
+    return model
+
+
+def _fit(model, data, callbacks, **kwargs):
+    x, y = data
+    return model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+                     shuffle=False, callbacks=callbacks, **kwargs)
+
+
+def _read(directory):
+    """`{tag: {step: ndarray}}` of a run, by TensorBoard's reader."""
+    accumulator = event_accumulator.EventAccumulator(
+        str(directory), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    return {
+        tag: {event.step: tensor_util.make_ndarray(event.tensor_proto)
+              for event in accumulator.Tensors(tag)}
+        for tag in accumulator.Tags()["tensors"]
+    }
+
+
+def _same(first, second):
+    return all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_fit_weights_unchanged_by_the_monitor(data, tmp_path, jit_compile):
+    if BACKEND == "torch" and jit_compile:
+        pytest.skip("Keras's torch backend compiles with torch.compile, "
+                    "which this test does not exercise")
+    x, y = data
+    monitored = _model(jit_compile)
+    _fit(monitored, data, [AttentionMonitor(tmp_path, (x[:4], y[:4]),
+                                            update_freq=3)])
+    plain = _model(jit_compile)
+    _fit(plain, data, [])
+    assert _same(monitored.get_weights(), plain.get_weights())
+    assert _read(tmp_path / "train")["attention/attention_0/maps"]
+
+
+def test_fit_distributed_weights_unchanged(data, tmp_path):
+    x, y = data
+    if BACKEND == "jax":
+        import jax
+
+        previous = keras.distribution.distribution()
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=jax.devices()))
+        scope = contextlib.nullcontext
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        scope = tf.distribute.MirroredStrategy(["/cpu:0"]).scope
+    else:
+        pytest.skip("fit has no distribution on torch")
+    try:
+        weights = []
+        for callbacks in ([AttentionMonitor(tmp_path, (x[:4], y[:4]),
+                                            update_freq=5)], []):
+            with scope():
+                model = _model(jit_compile=True)
+            _fit(model, data, callbacks)
+            weights.append(model.get_weights())
+    finally:
+        if BACKEND == "jax":
+            keras.distribution.set_distribution(previous)
+    assert _same(*weights)
+    assert sorted(_read(tmp_path / "train")["attention/diverged"]) == [
+        0, 5, 10, 15, 16]
+
+
+def test_fit_maps_and_entropy_against_the_model(data, tmp_path):
+    """Steps counted like Keras's TensorBoard callback; the last step's maps
+    are the trained model's own recorded attention, and the entropy scalar
+    is numpy's entropy of them."""
+    x, y = data
+    examples = x[:4]
+    model = _model()
+    _fit(model, data, [AttentionMonitor(tmp_path, examples, update_freq=3)])
+    tags = _read(tmp_path / "train")
+    with record_attention(model) as records:
+        model(examples, training=False)
+    for name in ("attention_0", "attention_1"):
+        steps = tags[f"attention/{name}/maps"]
+        assert sorted(steps) == [0, 3, 6, 9, 12, 15, STEPS]
+        meta, maps = decode_summary(steps[STEPS])
+        weights = keras.ops.convert_to_numpy(records[name]["weights"])
+        np.testing.assert_allclose(maps, weights, atol=1e-3)  # float16
+        assert meta["query_labels"][0] == [str(i) for i in range(SEQ_LEN)]
+        entropy = -np.sum(weights * np.log(weights), axis=-1) / np.log(
+            SEQ_LEN)
+        for head in range(2):
+            logged = tags[f"attention/{name}/entropy_normalized/head{head}"]
+            np.testing.assert_allclose(logged[STEPS],
+                                       entropy[:, head].mean(), rtol=1e-4)
+    # No targets: no gradient statistics.
+    assert not any(tag.startswith("gradients/") for tag in tags)
+
+
+def test_fit_gradients_of_the_compiled_loss(data, tmp_path):
+    """With `(x, y)`, |dL/dscores| is that of the model's compiled loss (an
+    MSE on one-hot targets here), as the eager probe gives it."""
+    from keras_attention.diagnostics import probe_diagnostics
+
+    x, y = data
+    one_hot = np.eye(VOCAB, dtype="float32")[y]
+    model = _model(loss="mse")
+    x_fit, y_fit = x, one_hot
+    model.fit(x_fit, y_fit, batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[AttentionMonitor(tmp_path, (x[:4], one_hot[:4]),
+                                          update_freq=100)])
+    tags = _read(tmp_path / "train")
+    end = 8
+
+    def mse(targets, outputs, weights):
+        return keras.ops.mean((targets - outputs) ** 2)
+
+    eager = probe_diagnostics(model, x[:4], one_hot[:4], None, loss_fn=mse)
+    for name, stats in eager["layers"].items():
+        np.testing.assert_allclose(
+            tags[f"gradients/{name}/scores"][end], stats["grad_norm_scores"],
+            rtol=1e-4)
+        assert stats["grad_norm_scores"] > 0
+
+
+def test_fit_labels_and_metrics(data, tmp_path):
+    x, y = data
+    model = _model()
+    history = _fit(
+        model, data,
+        [AttentionMonitor(tmp_path, x[:4], labels=lambda ids: [
+            [f"t{token}" for token in row] for row in ids],
+            log_metrics=True)],
+        validation_data=(x[:16], y[:16]))
+    meta, _ = decode_summary(
+        _read(tmp_path / "train")["attention/attention_0/maps"][0])
+    assert meta["key_labels"][1] == [f"t{token}" for token in x[1]]
+    for run, prefix in (("train", ""), ("validation", "val_")):
+        logged = _read(tmp_path / run)["epoch_loss"]
+        np.testing.assert_allclose(
+            [logged[epoch] for epoch in (0, 1)],
+            history.history[f"{prefix}loss"], rtol=1e-6)
+
+
+class _Poison(keras.callbacks.Callback):
+    """Makes a kernel non-finite after batch `at` (the training diverges)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.at:
+            kernel = self.model.get_layer("logits").kernel
+            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+
+
+def test_fit_diverged_model_is_marked(data, tmp_path, caplog):
+    x, y = data
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="keras_attention"):
+        _fit(model, data, [_Poison(at=4),
+                           AttentionMonitor(tmp_path, (x[:4], y[:4]),
+                                            update_freq=3)])
+    diverged = _read(tmp_path / "train")["attention/diverged"]
+    assert {step: float(value) for step, value in diverged.items()} == {
+        0: 0.0, 3: 0.0, 6: 1.0, 9: 1.0, 12: 1.0, 15: 1.0, STEPS: 1.0}
+    assert sorted(_read(tmp_path / "train")["attention/attention_0/maps"]
+                  ) == [0, 3]
+    warnings = [r for r in caplog.records if r.name == "keras_attention"]
+    assert len(warnings) == 1 and "step 6" in warnings[0].getMessage()
+
+
+# ------------------------------------------------------------- bad input
+@pytest.mark.parametrize("update_freq", [0, -1, 1.5, True, "batch"])
+def test_bad_update_freq(tmp_path, update_freq):
+    with pytest.raises(ValueError, match="`update_freq`"):
+        AttentionMonitor(tmp_path, np.ones((2, SEQ_LEN)),
+                         update_freq=update_freq)
+
+
+def test_log_dir_that_is_a_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("taken")
+    with pytest.raises(ValueError, match="`log_dir`"):
+        AttentionMonitor(path, np.ones((2, SEQ_LEN)))
+    assert path.read_text() == "taken"
+
+
+def test_examples_the_model_cannot_take(data, tmp_path):
+    x, y = data
+    model = _model()
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="`examples`"):
+        _fit(model, data, [AttentionMonitor(tmp_path / "run",
+                                            x[:4, :SEQ_LEN - 3])])
+    assert not (tmp_path / "run").exists()
+    assert _same(model.get_weights(), before)  # Refused before a batch.
+
+
+def test_model_without_attention(data, tmp_path):
+    x, y = data
+    model = keras.Sequential([keras.Input((SEQ_LEN,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="`model`"):
+        model.fit(x[:8], np.zeros((8, 2)), verbose=0,
+                  callbacks=[AttentionMonitor(tmp_path / "run", x[:2])])
+    assert not (tmp_path / "run").exists()
+
+
+def test_labels_that_do_not_fit(data, tmp_path):
+    x, y = data
+    with pytest.raises(ValueError, match="`labels`"):
+        AttentionMonitor(tmp_path, x[:4], labels=3)
+    with pytest.raises(ValueError, match="`labels`"):
+        _fit(_model(), data, [AttentionMonitor(
+            tmp_path / "run", x[:4], labels=[["a"] * SEQ_LEN] * 2)])
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------- the other backends
+@from_outer_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_fit_on_other_backends(backend, monkeypatch):
+    # Two host devices: JAX's distributed case is data parallel over both.
+    monkeypatch.setenv("XLA_FLAGS",
+                       "--xla_force_host_platform_device_count=2")
+    run_pytest_under(backend, ["test_callbacks.py"], "fit and not other")
