@@ -1,8 +1,11 @@
 """Running tests on every Keras backend.
 
-The Keras backend is fixed when Keras is imported, so a test module's cases
-run on JAX or torch in a child pytest (`run_pytest_under`), started once
-from the default (TensorFlow) run. `gradients_of` and `layer_gradients`
+The Keras backend is fixed when Keras is imported, so the cases that must
+also pass on JAX or torch carry `@pytest.mark.backends("jax", "torch")`
+(`cases=[...]` for some parametrized cases only; tests/conftest.py turns it
+into the `jax` and `torch` markers) and run in one child pytest per backend
+(`run_pytest_under(backend, modules, markers=backend)`), started once from
+the default (TensorFlow) run by tests/test_backends.py. `gradients_of` and `layer_gradients`
 differentiate on whichever backend is active, so one test body serves all
 three.
 """
@@ -18,6 +21,10 @@ from keras import ops
 
 BACKEND = keras.backend.backend()
 BACKENDS = ("tensorflow", "jax", "torch")
+# The backends a case can be marked to run under as well (see conftest.py).
+OTHER_BACKENDS = ("jax", "torch")
+# Per backend, the file names of the collected modules holding such cases.
+MARKED_MODULES = pytest.StashKey[dict]()
 # Set in the child runs, so they do not start children of their own.
 INNER_VARIABLE = "KERAS_ATTENTION_INNER"
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -30,10 +37,17 @@ from_outer_run = pytest.mark.skipif(
 )
 
 
-def run_pytest_under(backend, modules, selection=None, timeout=1800):
+def marked_modules(config, backend):
+    """The file names (in tests/) of this run's collected modules that hold
+    a case marked to run under `backend` as well."""
+    return config.stash.get(MARKED_MODULES, {}).get(backend, [])
+
+
+def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
     """Runs `modules` (file names in tests/) under KERAS_BACKEND=`backend`
-    in a child pytest, `-k selection` when given, and fails with its output
-    unless every selected case passes.
+    in a child pytest, the cases matching `-m markers` when given (every
+    case, slow ones included, when not), and fails with its output unless
+    every selected case passes.
 
     Returns:
         The child's summary line, e.g. "52 passed in 12.3s".
@@ -44,6 +58,11 @@ def run_pytest_under(backend, modules, selection=None, timeout=1800):
         "KERAS_BACKEND": backend,
         INNER_VARIABLE: "1",
         "JAX_PLATFORMS": "cpu",
+        # Two host devices: the data-parallel cases (a distributed fit in
+        # test_callbacks.py) run over both; runs with the default strategy
+        # still use one.
+        **({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+           if backend == "jax" else {}),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])
         ),
@@ -51,17 +70,18 @@ def run_pytest_under(backend, modules, selection=None, timeout=1800):
     command = [
         sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
         # The child runs exactly what it is given, slow cases included.
-        "-m", "slow or not slow",
+        "-m", markers or "slow or not slow",
+        # Five slowest, not the 25 of addopts: the output kept on a failure
+        # is its end.
+        "--durations=5",
         "-W", "ignore::DeprecationWarning",
         *(os.path.join(TESTS_DIR, module) for module in modules),
     ]
-    if selection:
-        command += ["-k", selection]
     result = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=timeout,
         cwd=REPO_ROOT,
     )
-    output = result.stdout[-4000:] + result.stderr[-2000:]
+    output = result.stdout[-6000:] + result.stderr[-2000:]
     assert result.returncode == 0, output
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary, output

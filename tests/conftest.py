@@ -10,6 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+from _backends import MARKED_MODULES  # noqa: E402
+from _backends import OTHER_BACKENDS  # noqa: E402
 from pipelines.config import Layer  # noqa: E402
 from pipelines.config import resolve_config  # noqa: E402
 
@@ -35,3 +37,49 @@ def tiny_config():
     """`tiny_config(task="recall", **settings)`: a resolved config of a tiny
     run (see `make_tiny_config`)."""
     return make_tiny_config
+
+
+# ------------------------------------------------- the other backends' runs
+# `@pytest.mark.backends("jax", "torch")` on a test (or `pytestmark` on a
+# module) says the test must also pass under those Keras backends;
+# `cases=[...]` limits it to those parametrized cases (their ids). Below,
+# each such case gets the marker of each backend it names, so that
+# `tests/test_backends.py::test_marked_cases_pass_under` runs `-m jax` and
+# `-m torch` in one child pytest per backend.
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m`/`-k` deselect anything
+def pytest_collection_modifyitems(config, items):
+    modules = {backend: set() for backend in OTHER_BACKENDS}
+    wanted, found = {}, {}
+    for item in items:
+        case = getattr(getattr(item, "callspec", None), "id", None)
+        test = item.nodeid.split("[")[0]
+        for mark in item.iter_markers("backends"):
+            unknown = set(mark.args) - set(OTHER_BACKENDS)
+            if unknown:
+                raise pytest.UsageError(
+                    f"{test}: backends() takes {OTHER_BACKENDS}, not "
+                    f"{sorted(unknown)}")
+            cases = mark.kwargs.get("cases")
+            if cases is not None:
+                key = (test, tuple(cases))
+                wanted[key] = set(cases)
+                if case not in cases:
+                    continue
+                found.setdefault(key, set()).add(case)
+            for backend in mark.args:
+                item.add_marker(backend)
+                modules[backend].add(item.path.name)
+    # A case id that names no case is a typo that would silently drop the
+    # case from the other backends' runs; checked when whole modules are
+    # collected (a node id on the command line collects only some cases).
+    if not any("::" in str(arg) for arg in config.args):
+        for (test, _), cases in wanted.items():
+            missing = cases - found.get((test, _), set())
+            if missing:
+                raise pytest.UsageError(
+                    f"{test}: backends(cases=...) names no case "
+                    f"{sorted(missing)}")
+    config.stash[MARKED_MODULES] = {
+        backend: sorted(names) for backend, names in modules.items()}

@@ -4,10 +4,12 @@ The cases here are written once, with `keras.ops` and the per-backend
 gradient helpers of `_backends`, and compared with numpy references written
 here or with a second code path (gradients of the custom backward passes
 against automatic differentiation of the path that returns the weights).
-They run on TensorFlow in this process; `test_cases_pass_under` runs them,
-with one case of every behaviour of test_layer.py, the Keras harness tests
-and the diagnostics probe against numpy (test_probe.py), on jax and torch in
-child runs (everything under `-m slow`). `test_torch_matches_tensorflow`
+They run on TensorFlow in this process; `test_marked_cases_pass_under` runs
+them, with every case marked `@pytest.mark.backends(...)` in the modules
+this run collected (one case of every behaviour of test_layer.py, the Keras
+harness tests, the diagnostics probe, the pipeline, `fit` with the monitor),
+on jax and torch in one child run per backend (whole modules under
+`-m slow`). `test_torch_matches_tensorflow`
 loads a `.keras` file saved here into a torch process and compares outputs
 and gradients; `test_probe_matches_tensorflow` loads it into a jax and a
 torch process and compares the probe's gradient norms and statistics.
@@ -26,15 +28,20 @@ from keras import ops
 
 import keras_attention.ops as attention_ops
 from _backends import BACKEND
+from _backends import OTHER_BACKENDS
 from _backends import REPO_ROOT
 from _backends import from_outer_run
 from _backends import gradients_of
 from _backends import layer_gradients
+from _backends import marked_modules
 from _backends import run_pytest_under
 from _backends import to_np
 from keras_attention import ScaledDotProductAttention
 from keras_attention import scaled_dot_product_attention
 from keras_attention.memory_efficient import memory_efficient_attention
+
+# Every case here passes on torch too (run by the child runs at the end).
+pytestmark = pytest.mark.backends("torch")
 
 RNG = np.random.default_rng(7)
 # The score scale each mode stands for, written out here.
@@ -77,6 +84,9 @@ def test_every_scale_mode_has_a_reference_value():
 # ------------------------------------------- the layer: scales x paths
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("scale", SCALES, ids=str)
+@pytest.mark.backends("jax", cases=[
+    "learned-fused", "ssmax-explicit", "ssmax-fused", "ssmax-memory_efficient",
+    "ssmax-auto"])
 def test_scale_modes_on_every_path(scale, path):
     """Values against numpy; gradients of every weight (the learned scale
     included) against autodiff of the path that returns the weights."""
@@ -142,6 +152,7 @@ def test_scale_modes_on_every_path(scale, path):
 
 @pytest.mark.parametrize("length,masked", [(64, False), (64, True),
                                            (4096, False), (4096, True)])
+@pytest.mark.backends("jax")
 def test_auto_picks_the_measured_path(length, masked):
     # The choice the layer's `_choose_path` docstring measures per backend.
     layer = ScaledDotProductAttention(key_dim=2)
@@ -400,62 +411,32 @@ def test_probe_matches_tensorflow(tmp_path, backend):
 
 
 # ------------------------------------------------------ the child runs
-# One case of every behaviour by default (everything under -m slow): values
-# and weights, masks, rows without keys, gradients, bad arguments, mixed
-# precision, dropout, qk-norm, Keras masks, the scale modes, the
-# memory-efficient function, the harness (which saves and loads a `.keras`
-# file) and the diagnostics probe. JAX compiles every new shape of every
-# eager op and every fit() step, so its selection is the smallest (about
-# 30 s of CPU: the probe's three cases, eager with two layers, compiled and
-# the score offsets, add 4 s of the 10 s of all of test_probe.py); the
-# chunked function on JAX has its own default test in
-# test_memory_efficient.py.
-CORE = {
-    "jax": (
-        "(matches_reference and 4-learned-True-12-True) "
-        "or (masks_match and False-all-memory_efficient) "
-        "or (fully_masked and explicit) or (output_only_gradients and float32-causal) "
-        "or bad_arguments or (mixed_precision and memory_efficient-mixed_bfloat16) "
-        "or dropout_only or qk_norm_matches "
-        "or (scale_modes and learned-fused) or (scale_modes and ssmax) "
-        "or auto_picks "
-        # ssmax's values and gradients on every path are in scale_modes;
-        # its own file adds the gradient of s against numpy through the
-        # chunked path's custom_vjp.
-        "or (gradient_of_s and memory_efficient) "
-        "or test_learned_scale_and_qk_norm_cross_attention or test_dropout "
-        # The compiled probe and the score-offset gradient are checked
-        # against TensorFlow by test_probe_matches_tensorflow[jax].
-        "or two_layer_probe or frozen_kernels "
-        # Keras's attention layers: their causal-only fast path, GQA's
-        # heads, one head, the score offsets this backend's probe uses, and
-        # the probe compiled with jax.jit.
-        "or (test_recording_keras.py and ((weights_equal and (mha-causal "
-        "or gqa-attention_mask or additive-padding)) or (score_offsets "
-        "and gqa) or (probe_gradients and (mha-True-True "
-        "or attention-True-False)) or unsupported or nests))"
-    ),
-    "torch": (
-        "test_backends.py or test_layer_harness.py "
-        "or (matches_reference and 4-learned-True-12-True) "
-        "or (masks_match and False-all) or fully_masked or gradients_flow "
-        "or bad_arguments or (output_only_gradients and float32) "
-        "or mixed_precision or dropout_only or qk_norm or keras_mask "
-        "or test_probe.py or test_ssmax.py or test_recording_keras.py"
-    ),
-}
+# One child pytest per backend runs every case this run collected that is
+# marked `@pytest.mark.backends(...)` for it (tests/conftest.py): one case of
+# every behaviour of the layer (values and weights, masks, rows without
+# keys, gradients, bad arguments, mixed precision, dropout, qk-norm, Keras
+# masks, the scale modes, the memory-efficient function), the Keras harness
+# (which saves and loads a `.keras` file), the diagnostics probe, Keras's own
+# attention layers recorded, the training pipeline and `fit` with the
+# monitor. JAX compiles every new shape of every eager op and every fit()
+# step, so its marked cases are the fewest; the chunked function on JAX has
+# its own default test in test_memory_efficient.py. One process per backend
+# pays Keras's and the backend's start once (about 10 s each on 2 cores).
 MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py",
            "test_probe.py", "test_ssmax.py", "test_recording_keras.py"]
 
 
 @from_outer_run
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_cases_pass_under(backend):
-    run_pytest_under(backend, MODULES, CORE[backend])
+@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+def test_marked_cases_pass_under(backend, request):
+    modules = marked_modules(request.config, backend)
+    if not modules:
+        pytest.skip(f"this run collected no case marked for {backend}")
+    run_pytest_under(backend, modules, markers=f"{backend} and not slow")
 
 
 @pytest.mark.slow
 @from_outer_run
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", OTHER_BACKENDS)
 def test_all_cases_pass_under(backend):
     run_pytest_under(backend, MODULES)

@@ -2,8 +2,9 @@
 TensorBoard's own event reader, against numpy and the model's own recorded
 attention; the weights of a fit without it; bad input; divergence.
 
-The fit cases run here on TensorFlow and, through `run_pytest_under`, on JAX
-(with two host devices, so its distributed case is data parallel) and torch.
+The fit cases run here on TensorFlow and, marked `backends("jax", "torch")`,
+in tests/test_backends.py's child runs on JAX (with two host devices, so its
+distributed case is data parallel) and torch.
 """
 
 import contextlib
@@ -17,8 +18,6 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from _backends import BACKEND
-from _backends import from_outer_run
-from _backends import run_pytest_under
 from keras_attention import AttentionMonitor
 from keras_attention import build_sequence_model
 from keras_attention import record_attention
@@ -76,6 +75,7 @@ def _same(first, second):
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.backends("jax", "torch")
 def test_fit_weights_unchanged_by_the_monitor(data, tmp_path, jit_compile):
     if BACKEND == "torch" and jit_compile:
         pytest.skip("Keras's torch backend compiles with torch.compile, "
@@ -90,6 +90,7 @@ def test_fit_weights_unchanged_by_the_monitor(data, tmp_path, jit_compile):
     assert _read(tmp_path / "train")["attention/attention_0/maps"]
 
 
+@pytest.mark.backends("jax", "torch")
 def test_fit_distributed_weights_unchanged(data, tmp_path):
     x, y = data
     if BACKEND == "jax":
@@ -121,6 +122,7 @@ def test_fit_distributed_weights_unchanged(data, tmp_path):
         0, 5, 10, 15, 16]
 
 
+@pytest.mark.backends("jax", "torch")
 def test_fit_maps_and_entropy_against_the_model(data, tmp_path):
     """Steps counted like Keras's TensorBoard callback; the last step's maps
     are the trained model's own recorded attention, and the entropy scalar
@@ -149,6 +151,7 @@ def test_fit_maps_and_entropy_against_the_model(data, tmp_path):
     assert not any(tag.startswith("gradients/") for tag in tags)
 
 
+@pytest.mark.backends("jax", "torch")
 def test_fit_gradients_of_the_compiled_loss(data, tmp_path):
     """With `(x, y)`, |dL/dscores| is that of the model's compiled loss (an
     MSE on one-hot targets here), as the eager probe gives it."""
@@ -175,6 +178,7 @@ def test_fit_gradients_of_the_compiled_loss(data, tmp_path):
         assert stats["grad_norm_scores"] > 0
 
 
+@pytest.mark.backends("jax", "torch")
 def test_fit_labels_and_metrics(data, tmp_path):
     x, y = data
     model = _model()
@@ -207,6 +211,7 @@ class _Poison(keras.callbacks.Callback):
             kernel.assign(np.full(kernel.shape, np.nan, "float32"))
 
 
+@pytest.mark.backends("jax", "torch")
 def test_fit_diverged_model_is_marked(data, tmp_path, caplog):
     x, y = data
     model = _model()
@@ -260,6 +265,7 @@ def test_model_without_attention(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.backends("jax", "torch")
 def test_labels_that_do_not_fit(data, tmp_path):
     x, y = data
     with pytest.raises(ValueError, match="`labels`"):
@@ -268,13 +274,3 @@ def test_labels_that_do_not_fit(data, tmp_path):
         _fit(_model(), data, [AttentionMonitor(
             tmp_path / "run", x[:4], labels=[["a"] * SEQ_LEN] * 2)])
     assert not (tmp_path / "run").exists()
-
-
-# --------------------------------------------------- the other backends
-@from_outer_run
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_fit_on_other_backends(backend, monkeypatch):
-    # Two host devices: JAX's distributed case is data parallel over both.
-    monkeypatch.setenv("XLA_FLAGS",
-                       "--xla_force_host_platform_device_count=2")
-    run_pytest_under(backend, ["test_callbacks.py"], "fit and not other")

@@ -76,6 +76,7 @@ def normalized_entropy(weights):
 
 
 # ------------------------------------------------ (a) MultiHeadAttention
+@pytest.mark.example_script
 def test_mha_fit_tensorboard(tmp_path, capsys):
     keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
@@ -126,6 +127,7 @@ def test_mha_fit_tensorboard(tmp_path, capsys):
 
 
 # ------------------------------------------------- (b) the scale lesson
+@pytest.mark.example_script
 def test_scale_vs_no_scale(tmp_path, monkeypatch, capsys):
     keras.backend.clear_session()  # layer names count from the start
     keras.utils.set_random_seed(0)
@@ -224,8 +226,7 @@ def test_examples_on_other_backends(backend):
     """Both scripts and their checks on JAX and torch (a child pytest;
     measured 19-42 s on JAX, 14-22 s on torch on 2 shared cores: slow,
     the default run covers the scripts on TensorFlow)."""
-    run_pytest_under(backend, ["test_examples.py"],
-                     "mha_fit_tensorboard or scale_vs_no_scale")
+    run_pytest_under(backend, ["test_examples.py"], markers="example_script")
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ def random_bool(*shape, p=0.7):
         )
     ),
 )
+@pytest.mark.backends("jax", "torch", cases=["4-learned-True-12-True"])
 def test_matches_reference(num_heads, scale, use_bias, output_dim, cross):
     layer = ScaledDotProductAttention(
         key_dim=8, num_heads=num_heads, value_dim=6, output_dim=output_dim,
@@ -176,6 +177,7 @@ def test_matches_reference(num_heads, scale, use_bias, output_dim, cross):
     assert tuple(weights.shape) == (3, num_heads, 5, 7 if cross else 5)
 
 
+@pytest.mark.backends("jax", "torch")
 def test_qk_norm_matches_reference():
     layer = ScaledDotProductAttention(key_dim=8, num_heads=2, qk_norm=True)
     query = randn(2, 6, 10) * 3.0
@@ -222,6 +224,9 @@ def _mask_kwargs(kind, b, h, t, s):
 @pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.backends("jax", cases=["False-all-memory_efficient"])
+@pytest.mark.backends("torch", cases=[
+    "False-all-explicit", "False-all-fused", "False-all-memory_efficient"])
 def test_masks_match_reference_on_every_path(kind, cross, implementation):
     if implementation == "memory_efficient":
         pytest.importorskip("keras_attention.memory_efficient")
@@ -247,6 +252,8 @@ def test_masks_match_reference_on_every_path(kind, cross, implementation):
 
 
 @pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
+@pytest.mark.backends("torch")
+@pytest.mark.backends("jax", cases=["explicit"])
 def test_fully_masked_rows_give_zeros(implementation):
     if implementation == "memory_efficient":
         pytest.importorskip("keras_attention.memory_efficient")
@@ -274,6 +281,7 @@ def test_fully_masked_rows_give_zeros(implementation):
         np.testing.assert_allclose(weights[0, :, 0].sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.backends("torch")
 def test_keras_mask_propagates_from_embedding():
     tokens = keras.Input((None,), dtype="int32")
     embedded = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
@@ -422,6 +430,9 @@ _gradients_of = gradients_of
 
 @pytest.mark.parametrize("mask_kind", ["none", "random_with_empty_row", "causal"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.backends("torch", cases=[
+    "float32-none", "float32-random_with_empty_row", "float32-causal"])
+@pytest.mark.backends("jax", cases=["float32-causal"])
 def test_output_only_gradients_match_reference(mask_kind, dtype):
     # Without weights or dropout the core takes `attend_output`, whose backward
     # pass is written by hand; check it against the numpy textbook backward and
@@ -467,6 +478,7 @@ def test_output_only_gradients_match_reference(mask_kind, dtype):
 _value_and_grads = layer_gradients
 
 
+@pytest.mark.backends("torch")
 def test_gradients_flow_to_projections():
     layer = ScaledDotProductAttention(key_dim=8, num_heads=2, output_dim=6)
     x = randn(2, 5, 6)
@@ -517,6 +529,8 @@ def test_gradient_matches_finite_differences():
 # -------------------------------------------------------- mixed precision
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
+@pytest.mark.backends("torch")
+@pytest.mark.backends("jax", cases=["memory_efficient-mixed_bfloat16"])
 def test_mixed_precision_unscaled_large_key_dim_stays_finite(policy, implementation):
     if implementation == "memory_efficient":
         pytest.importorskip("keras_attention.memory_efficient")
@@ -639,6 +653,7 @@ def test_keras_file_round_trip_in_fresh_process(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
 
 
+@pytest.mark.backends("jax", "torch")
 def test_dropout_only_in_training():
     layer = ScaledDotProductAttention(key_dim=4, num_heads=2, dropout=0.5, seed=3)
     x = randn(2, 6, 8)
@@ -673,6 +688,7 @@ def test_dropout_only_in_training():
         ({"key_dim": 4, "implementation": "magic"}, "implementation"),
     ],
 )
+@pytest.mark.backends("jax", "torch")
 def test_bad_arguments_raise(kwargs, argument):
     with pytest.raises(ValueError, match=f"`{argument}`"):
         ScaledDotProductAttention(**kwargs)
@@ -786,6 +802,8 @@ def test_inverse_scale_serializes(tmp_path):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("implementation", ["explicit", "fused", "memory_efficient"])
+@pytest.mark.backends("torch")
+@pytest.mark.backends("jax", cases=["memory_efficient-mixed_bfloat16"])
 def test_inverse_scale_mixed_precision_matches_float32(policy, implementation):
     kwargs = dict(key_dim=256, num_heads=2, scale="inverse", output_dim=8,
                   implementation=implementation)

@@ -12,9 +12,13 @@ child runs of `test_backends.py`.
 
 import keras
 import numpy as np
+import pytest
 from keras.src import testing
 
 from keras_attention import ScaledDotProductAttention
+
+# Every case here passes on torch too (tests/test_backends.py runs them).
+pytestmark = pytest.mark.backends("torch")
 
 SELF_SHAPE = (2, 6, 8)
 CROSS_SHAPES = {"query_shape": (2, 6, 8), "value_shape": (2, 5, 7)}
@@ -72,6 +76,7 @@ class LayerHarnessTest(testing.TestCase):
             input_shape=CROSS_SHAPES,
         )
 
+    @pytest.mark.backends("jax")
     def test_dropout(self):
         self.run_case(
             {"key_dim": 4, "num_heads": 2, "dropout": 0.3, "seed": 1},
@@ -94,6 +99,7 @@ class LayerHarnessTest(testing.TestCase):
         self.run_case({"key_dim": 4, "num_heads": 2, "qk_norm": True},
                       trainable=7)
 
+    @pytest.mark.backends("jax")
     def test_learned_scale_and_qk_norm_cross_attention(self):
         self.run_case(
             {"key_dim": 4, "num_heads": 2, "scale": "learned",

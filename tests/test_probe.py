@@ -23,6 +23,9 @@ from keras_attention import ScaledDotProductAttention
 from keras_attention import diagnostics as diag
 from keras_attention.recording import record_attention
 
+# Every case here passes on torch too (tests/test_backends.py runs them).
+pytestmark = pytest.mark.backends("torch")
+
 VOCAB, WIDTH, HEADS, KEY_DIM, BATCH, LENGTH = 11, 8, 2, 4, 3, 6
 KERNELS = ("query", "key", "value")
 
@@ -244,6 +247,7 @@ def test_probe_diagnostics_matches_numpy():
         correct.sum() / sample_weight.sum())
 
 
+@pytest.mark.backends("jax")
 def test_two_layer_probe_matches_numpy():
     """Two layers (causal, then unscaled): on JAX this raised
     `AttributeError: 'jaxlib._jax.ArrayImpl' object has no attribute
@@ -275,6 +279,7 @@ def test_compiled_probe_matches_numpy_and_follows_weights():
         kernel.assign(to_np(kernel) * 3.0)
 
 
+@pytest.mark.backends("jax")
 def test_frozen_kernels_get_zero_gradient_norms():
     """A kernel that is not trainable has no gradient: 0 on every backend
     (TensorFlow's tape does not watch it), while the scores still get

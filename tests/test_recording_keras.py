@@ -25,6 +25,9 @@ from keras_attention.recording import attention_layers
 from keras_attention.recording import projection_kernels
 from keras_attention.recording import record_attention
 
+# Every case here passes on torch too (tests/test_backends.py runs them).
+pytestmark = pytest.mark.backends("torch")
+
 WIDTH, BATCH, QUERIES, KEYS, VOCAB = 8, 2, 5, 6, 7
 MHA = keras.layers.MultiHeadAttention
 GQA = keras.layers.GroupQueryAttention
@@ -132,6 +135,8 @@ def assert_restored(layer):
                                   "causal"])
 @pytest.mark.parametrize("kind", ["mha", "subclass", "gqa", "attention",
                                   "additive"])
+@pytest.mark.backends("jax", cases=[
+    "mha-causal", "gqa-attention_mask", "additive-padding"])
 def test_recorded_weights_equal_the_layers_own(kind, case, rng):
     if case == "attention_mask" and kind in SINGLE_HEAD:
         pytest.skip("Attention and AdditiveAttention take no attention_mask")
@@ -177,6 +182,7 @@ def test_recorded_weights_equal_the_layers_own(kind, case, rng):
 
 
 @pytest.mark.parametrize("kind", ["mha", "gqa", "attention", "additive"])
+@pytest.mark.backends("jax", cases=["gqa"])
 def test_score_offsets_shift_the_softmax_input(kind, rng):
     layer = make_layer(kind)
     query, value = inputs(rng)
@@ -286,6 +292,7 @@ def test_attention_layers_finds_every_kind_in_build_order(rng):
     assert projection_kernels(model.get_layer("dot")) == (None,) * 3
 
 
+@pytest.mark.backends("jax")
 def test_record_restores_the_layers_on_error_and_nests(rng):
     layer = make_layer("mha")
     query, value = inputs(rng)
@@ -303,6 +310,7 @@ def test_record_restores_the_layers_on_error_and_nests(rng):
     assert_restored(layer)
 
 
+@pytest.mark.backends("jax")
 def test_unsupported_keras_fails_with_one_line(rng, monkeypatch):
     query, value = inputs(rng)
     fused = FusedOnlyAttention(num_heads=2, key_dim=4, name="fused")
@@ -392,6 +400,8 @@ def reference_loss(model, layer, tokens, targets, causal):
     ("mha", True, False), ("mha", True, True), ("gqa", False, False),
     ("attention", True, False),
 ])
+@pytest.mark.backends("jax", cases=[
+    "mha-True-True", "attention-True-False"])
 def test_probe_gradients_match_a_written_out_forward_pass(kind, causal,
                                                           compiled, rng):
     model, layer = probe_model(kind, causal, rng)

@@ -20,6 +20,9 @@ from keras_attention import _layer_utils as utils
 from keras_attention import scales
 from keras_attention.diagnostics import probe_diagnostics
 
+# Every case here passes on torch too (tests/test_backends.py runs them).
+pytestmark = pytest.mark.backends("torch")
+
 B, T, D, H, DK = 3, 6, 5, 2, 4
 PATHS = ["explicit", "fused", "memory_efficient"]
 S_VALUES = np.array([0.9, 0.35])  # per head, away from the initial value
@@ -169,6 +172,7 @@ def test_layer_matches_numpy(path, causal):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.backends("jax", cases=["memory_efficient"])
 def test_gradient_of_s_matches_the_hand_derived_one(path):
     layer, x, kwargs = built_layer(path, causal=True)
     upstream = randn(B, T, H * DK)

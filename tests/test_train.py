@@ -189,6 +189,8 @@ def test_logdir_with_another_run_is_refused_untouched(tmp_path, capsys):
 
 
 # ------------------------------------------------------------- training
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="differentiates with tf.GradientTape")
 @pytest.mark.parametrize("jit_compile", ["off", "on"])
 def test_first_step_is_the_hand_computed_sgd_update(
     tmp_path, jit_compile, tiny_config
@@ -259,6 +261,7 @@ def _hparam_value(value):
     return getattr(value, kind)
 
 
+@pytest.mark.backends("jax", "torch")
 def test_run_directory_events_and_metrics(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
     config = tiny_config(
@@ -364,6 +367,7 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.backends("jax", "torch")
 def test_divergence_stops_with_a_clear_report(tmp_path, capsys):
     logdir = tmp_path / "run"
     status = main([
@@ -507,6 +511,7 @@ def _file_digests(directory):
     }
 
 
+@pytest.mark.backends("jax", "torch")
 def test_rerun_of_a_finished_run_changes_no_byte_and_steps_are_identity(
         tmp_path, capsys):
     """Issue 23, 1 and 2: a second identical command says the run is
