@@ -4,7 +4,8 @@ is checked against facts of its own: a numpy attention written here, the
 run directories' own files, and a child process in which an import of
 TensorFlow is recorded and refused.
 
-Each test starts the script in a subprocess (its imports take about 3 s).
+Each test starts the script in a subprocess (its imports take about 3 s);
+the bad flags run in one process per backend (see `_RUN_EACH`).
 TensorFlow's C++ start-up lines on stderr are not the script's; the tests
 count only the lines the script writes (those starting with its name).
 """
@@ -52,13 +53,70 @@ BAD_FLAGS = [
 ]
 
 
+# Runs scripts one after another in one process, as `python SCRIPT ARGV...`
+# would (`__main__`, its directory first on sys.path), and prints each one's
+# exit status, stdout and stderr as JSON: one start of Python, Keras and the
+# backend (about 6 s on 2 cores) for all the bad flags of the scripts that
+# share a backend, in place of one per case.
+_RUN_EACH = textwrap.dedent("""
+    import contextlib, io, json, os, runpy, sys
+    cases = json.loads(sys.argv[1])
+    sys.path.insert(0, os.path.dirname(cases[0][0]))
+    results = []
+    for script, argv in cases:
+        sys.argv = [script, *argv]
+        out, err = io.StringIO(), io.StringIO()
+        status = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as exit:
+                status = exit.code
+        results.append([status, out.getvalue(), err.getvalue()])
+    print(json.dumps(results))
+""")
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs():
+    """`{(script, argv): CompletedProcess-like}` of every BAD_FLAGS case,
+    in one process for gpu_check.py (it sets the JAX backend before Keras
+    is imported) and one for the others (TensorFlow)."""
+    runs = {}
+    for group in ([c for c in BAD_FLAGS if c[0] == "gpu_check.py"],
+                  [c for c in BAD_FLAGS if c[0] != "gpu_check.py"]):
+        cases = [[str(SCRIPTS / script), argv] for script, argv, _ in group]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                   KERAS_BACKEND="tensorflow")
+        completed = subprocess.run(
+            [sys.executable, "-c", _RUN_EACH, json.dumps(cases)],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        results = json.loads(completed.stdout.strip().splitlines()[-1])
+        for (script, argv, _), (status, out, err) in zip(group, results):
+            runs[script, tuple(argv)] = subprocess.CompletedProcess(
+                argv, status, out, err)
+    return runs
+
+
 @pytest.mark.parametrize("script, argv, expected", BAD_FLAGS)
-def test_bad_flags_exit_2_with_one_line(script, argv, expected):
-    completed = _run(script, *argv)
+def test_bad_flags_exit_2_with_one_line(script, argv, expected,
+                                        bad_flag_runs):
+    completed = bad_flag_runs[script, tuple(argv)]
     own = _own_lines(completed, script)
     assert completed.returncode == 2, completed.stderr[-2000:]
     assert len(own) == 1 and own[0].startswith(f"{script}: error: "), own
     assert expected in own[0]
+    assert completed.stdout == ""
+
+
+def test_a_bad_flag_as_a_user_runs_it():
+    """One bad flag through `python SCRIPT` itself: the exit status of the
+    process and the one line on its stderr."""
+    completed = _run("bench_layer.py", "--heads", "0")
+    own = _own_lines(completed, "bench_layer.py")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert len(own) == 1 and "--heads" in own[0], own
     assert completed.stdout == ""
 
 
