@@ -69,6 +69,9 @@ def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
     }
     command = [
         sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+        # One process: the child is itself a case of a parallel run (-n in
+        # addopts).
+        "-n", "0",
         # The child runs exactly what it is given, slow cases included.
         "-m", markers or "slow or not slow",
         # Five slowest, not the 25 of addopts: the output kept on a failure
