@@ -39,9 +39,11 @@ SEED_LIMIT = 2**32 - 1
 REAL_LIMIT = float(3.4028234663852886e38)
 # Files that say a directory is something other than a run, which `train`
 # must not write into (`pipelines.compare.COMPARISON_JSON`,
-# `pipelines.sweep.SWEEP_JSON`, and a SavedModel's graph; test_config
-# checks the names agree).
+# `pipelines.sweep.SWEEP_JSON`, a grid's identity
+# `pipelines.engine.identity.GRID_FILE`, and a SavedModel's graph;
+# test_config checks the names agree).
 NOT_A_RUN = {
+    "grid.json": "a grid's root (compare or sweep)",
     "comparison.json": "a comparison's root",
     "sweep.json": "a sweep's root",
     "saved_model.pb": "an exported SavedModel",
