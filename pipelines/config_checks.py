@@ -43,7 +43,7 @@ REAL_LIMIT = float(3.4028234663852886e38)
 # `pipelines.engine.identity.GRID_FILE`, and a SavedModel's graph;
 # test_config checks the names agree).
 NOT_A_RUN = {
-    "grid.json": "a grid's root (compare or sweep)",
+    "grid.json": "a grid's root",
     "comparison.json": "a comparison's root",
     "sweep.json": "a sweep's root",
     "saved_model.pb": "an exported SavedModel",

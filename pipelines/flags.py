@@ -91,11 +91,12 @@ def _add(group, name, declared, axis=None, as_list=None):
     if declared.choices is not None:
         metavar = "{" + ",".join(declared.choices) + "}"
     convert = _TYPES.get(value_types(name))
-    aliases = declared.aliases
+    names = (option, *declared.aliases)
     if axis is not None:
-        convert, aliases = as_list(convert), (*aliases, *axis)
+        # The axis's own name first: argparse names a bad item by it.
+        convert, names = as_list(convert), (*axis, *names)
         help = (help or "") + "; a list V1,V2,... is an axis"
-    group.add_argument(option, *aliases, dest=name, default=None,
+    group.add_argument(*names, dest=name, default=None,
                        type=convert, metavar=metavar, help=help)
 
 

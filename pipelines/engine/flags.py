@@ -17,6 +17,7 @@ with the preset between the task defaults and the config file:
 
 import argparse
 import os
+import re
 
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
@@ -205,8 +206,11 @@ def plan_grid(args, command, presets, default_logdir, order=()):
     logdir = args.logdir or default_logdir
     check_writable_directory(logdir, "--logdir")
     given = {name: values[-1] for name, values in axes.items() if name != "seed"}
-    base = resolve_config([preset_layer, *user,
-                           Layer(command, {"logdir": logdir, **given})])
+    try:
+        base = resolve_config([preset_layer, *user,
+                               Layer(command, {"logdir": logdir, **given})])
+    except UsageError as error:
+        raise _axis_wording(error, axes) from None
     grid = Grid(
         command=command, logdir=logdir, base=base,
         arms=parse_arms(args.arms) if args.arms else list(preset.arms),
@@ -223,8 +227,24 @@ def plan_grid(args, command, presets, default_logdir, order=()):
     return grid
 
 
+def _axis_wording(error, axes):
+    """`error` (a `UsageError` of a run's setting) with each axis named by
+    its axis flag: a bad `--key-dims` item is `--key-dims`, not the
+    `--key-dim` of one run."""
+    message = str(error)
+    for name in axes:
+        for plural in PLURALS.get(name, ())[:1]:
+            message = re.sub(re.escape(flag(name)) + r"(?![\w-])", plural,
+                             message)
+    return UsageError(message)
+
+
 def check_runs(grid):
-    """Validates every run's own config (`UsageError` naming the flag)."""
-    for run in grid.runs():
-        run.config.validate()
+    """Validates every run's own config (`UsageError` naming the flag, an
+    axis by its axis flag)."""
+    try:
+        for run in grid.runs():
+            run.config.validate()
+    except UsageError as error:
+        raise _axis_wording(error, grid.axes) from None
     return grid

@@ -49,7 +49,7 @@ def check_grid(grid):
     if grid.report_only and not os.path.isdir(grid.logdir):
         raise UsageError(
             f"--report-only: --logdir {grid.logdir} is not a folder; it "
-            f"reads the finished runs a {grid.command} trained there"
+            "reports on the finished runs of one, and creates none"
         )
     check_grid_folder(grid)
     for run in grid.trained_runs():
