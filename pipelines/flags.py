@@ -17,6 +17,7 @@ line naming the flag. Defaults in the help come from the dataclass and
 import argparse
 import json
 
+from keras_attention.files import path_problem
 from keras_attention.tasks import TASK_NAMES
 from pipelines.config_checks import flag
 from pipelines.config import SETTINGS
@@ -175,6 +176,9 @@ def load_config_file(path):
         UsageError: if the file cannot be read, is not JSON, is not an
             object, or has unknown keys.
     """
+    problem = path_problem(path) if path else None
+    if problem is not None:  # A pipe's `open` would wait for a writer.
+        raise UsageError(f"--config {path}: {problem}")
     try:
         with open(path) as handle:
             values = json.load(handle)
