@@ -46,6 +46,11 @@ PLURALS = {"key_dim": ("--key-dims",),
 # A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
 # in a MemoryError building the list).
 MAX_SEEDS = 1000
+# The runs of one grid (the product of its axes' lengths and its arms):
+# more is a typo rather than an experiment (at a minute a run, 10000 runs
+# train a week on one machine), and planning and checking them takes time
+# and memory before anything starts (2000 runs in 0.17 s, measured).
+MAX_RUNS = 10000
 
 
 def _list_of(convert):
@@ -184,6 +189,28 @@ def _axes(args, preset):
     return axes, set(user)
 
 
+def axis_flag(name):
+    """The flag of axis `name`: `--key-dims`, `--num-layers`, `--seeds`."""
+    if name == "seed":
+        return "--seeds"
+    return PLURALS.get(name, (flag(name),))[0]
+
+
+def _check_size(axes, arms):
+    """Raises `UsageError` when the grid has more than `MAX_RUNS` runs."""
+    runs = len(arms)
+    for values in axes.values():
+        runs *= len(values)
+    if runs > MAX_RUNS:
+        lengths = ", ".join(f"{axis_flag(name)} {len(values)}"
+                            for name, values in axes.items())
+        raise UsageError(
+            f"the grid has {runs:,} runs ({len(arms)} arm(s) x {lengths}), "
+            f"more than {MAX_RUNS:,} (at a minute a run, a week of training); "
+            "give shorter axes"
+        )
+
+
 def plan_grid(args, command, presets, default_logdir, order=()):
     """Builds and checks the `Grid` of parsed grid flags.
 
@@ -211,9 +238,11 @@ def plan_grid(args, command, presets, default_logdir, order=()):
                                Layer(command, {"logdir": logdir, **given})])
     except UsageError as error:
         raise _axis_wording(error, axes) from None
+    arms = parse_arms(args.arms) if args.arms else list(preset.arms)
+    _check_size(axes, arms)
     grid = Grid(
         command=command, logdir=logdir, base=base,
-        arms=parse_arms(args.arms) if args.arms else list(preset.arms),
+        arms=arms,
         axes=axes, preset=args.preset,
         # The preset's init-only values are its own: an axis the user gives
         # is trained at every value.
@@ -233,9 +262,9 @@ def _axis_wording(error, axes):
     `--key-dim` of one run."""
     message = str(error)
     for name in axes:
-        for plural in PLURALS.get(name, ())[:1]:
-            message = re.sub(re.escape(flag(name)) + r"(?![\w-])", plural,
-                             message)
+        if name != "seed" and axis_flag(name) != flag(name):
+            message = re.sub(re.escape(flag(name)) + r"(?![\w-])",
+                             axis_flag(name), message)
     return UsageError(message)
 
 
