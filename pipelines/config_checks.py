@@ -42,14 +42,6 @@ SEED_LIMIT = 2**32 - 1
 MAX_LAYERS = 512
 _LAYERS_WHY = ("Keras builds and loads a model by a walk that recurses once "
                "per layer, and Python allows 1000 frames")
-# A run's weights, gradients and the two moments of Adam: 4 float32 each.
-_BYTES_PER_WEIGHT = 16
-# Each layer keeps its scores, softmax and their gradient of a batch for
-# the backward pass: about 3 float32 tensors of (B, H, T, T).
-_SCORE_COPIES = 3
-# The largest held-out batch of an evaluation
-# (`pipelines.steps.MAX_EVAL_BATCH`; test_grid_identity checks they agree).
-EVAL_BATCH = 1024
 # Real settings reach the float32 computation (and its event files): a
 # finite float64 past float32's largest value, `--learning-rate 1e308`,
 # ended in an overflow when it was logged.
@@ -280,9 +272,8 @@ def check_relations(config, task_options):
             f"--warmup-steps ({config.warmup_steps}) must not exceed "
             f"--steps ({config.steps})"
         )
-    task = build_task_or_usage_error(config, task_options)
+    build_task_or_usage_error(config, task_options)
     _check_sizes(config)
-    check_memory(config, task)
     _check_outputs(config)
 
 
@@ -297,55 +288,6 @@ def _check_sizes(config):
             f"--train-size ({config.train_size}) must be at least "
             f"--batch-size ({config.batch_size})"
         )
-
-
-def memory_needed(config, task):
-    """About how many bytes a run of `config` on `task` holds at once: its
-    weights with their gradients and Adam's moments, and each layer's
-    activations (projections, feed-forward, attention scores): every
-    layer's of a training batch, kept for the backward pass, or one
-    layer's of a held-out batch, whichever is larger. Returns `(weights bytes, activation bytes)`."""
-    d, heads, layers = config.d_model, config.num_heads, config.num_layers
-    values = config.value_dim or config.key_dim
-    widths = (2 * heads * config.key_dim + 2 * heads * values
-              + (config.ff_dim or 0) + 4 * d)
-    per_layer = d * widths
-    weights = (task.vocab_size * d + task.seq_len * d + layers * per_layer
-               + d * task.num_classes)
-    per_example = task.seq_len * (widths
-                                  + _SCORE_COPIES * heads * task.seq_len)
-    # Training keeps every layer's; evaluation one layer's at a time.
-    activations = per_example * max(
-        layers * config.batch_size, min(config.heldout_size, EVAL_BATCH))
-    return weights * _BYTES_PER_WEIGHT, activations * 4
-
-
-def physical_memory():
-    """This machine's memory in bytes (`None` when the system does not
-    say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_memory(config, task):
-    """Raises `UsageError` when a run of `config` could not fit in this
-    machine's memory (`memory_needed`), naming the settings that size it."""
-    available = physical_memory()
-    weights, scores = memory_needed(config, task)
-    if available is None or weights + scores <= available:
-        return
-    gib = 2.0 ** 30
-    raise UsageError(
-        f"the model and its batch need about {(weights + scores) / gib:,.1f} "
-        f"GiB (weights with their gradients and optimizer state "
-        f"{weights / gib:,.1f} GiB, a batch's activations "
-        f"{scores / gib:,.1f} GiB), more than this machine's "
-        f"{available / gib:,.1f} GiB of memory; lower --d-model, "
-        "--num-heads, --key-dim, --ff-dim, --num-layers, --batch-size or "
-        "the sequence length"
-    )
 
 
 def _check_outputs(config):

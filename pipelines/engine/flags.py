@@ -19,6 +19,7 @@ import argparse
 import os
 import re
 
+from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import parse_count
@@ -28,6 +29,7 @@ from pipelines.config import Layer
 from pipelines.config import resolve_config
 from pipelines.config_checks import SEED_LIMIT
 from pipelines.config_checks import flag
+from pipelines.devices import check_memory
 from pipelines.engine.plan import Grid
 from pipelines.engine.presets import ARM_SETTINGS
 from pipelines.engine.presets import ARMS
@@ -269,11 +271,21 @@ def _axis_wording(error, axes):
 
 
 def check_runs(grid):
-    """Validates every run's own config (`UsageError` naming the flag, an
-    axis by its axis flag)."""
+    """Validates every run's own config, and that each trained run fits in
+    this machine's memory (`UsageError` naming the flag, an axis by its
+    axis flag)."""
+    tasks = {}
     try:
         for run in grid.runs():
             run.config.validate()
+            if not run.trained:
+                continue
+            # Each trained run fits this machine, as `train` checks: a
+            # grid is refused before its first run, not in the middle.
+            options = repr(sorted(run.config.task_options().items()))
+            if options not in tasks:
+                tasks[options] = build_task(run.config)
+            check_memory(run.config, tasks[options])
     except UsageError as error:
         raise _axis_wording(error, grid.axes) from None
     return grid
