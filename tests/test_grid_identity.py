@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 
 import keras
@@ -53,8 +54,8 @@ def main(argv):
 
 
 def tree(path):
-    """Every entry under `path`: a file's bytes and mtime, a folder's
-    name; `None` when `path` does not exist."""
+    """Every entry under `path`: a file's bytes (another entry's mode) and
+    mtime, a folder's name; `None` when `path` does not exist."""
     if not os.path.lexists(path):
         return None
     entries = {}
@@ -63,9 +64,13 @@ def tree(path):
             entries[os.path.relpath(os.path.join(root, name), path) + "/"] = 0
         for name in files:
             full = os.path.join(root, name)
-            with open(full, "rb") as handle:
-                entries[os.path.relpath(full, path)] = (
-                    handle.read(), os.stat(full).st_mtime_ns)
+            status = os.lstat(full)
+            data = status.st_mode  # A link or a pipe: not opened.
+            if stat.S_ISREG(status.st_mode):
+                with open(full, "rb") as handle:
+                    data = handle.read()
+            entries[os.path.relpath(full, path)] = (data,
+                                                    status.st_mtime_ns)
     return entries
 
 
