@@ -232,7 +232,7 @@ def _kind_of(path, format):
         if not os.path.isdir(path):
             return "a file" if os.path.isfile(path) else "not a directory"
         return None if _is_saved_model(path) else (
-            "a directory that holds no SavedModel")
+            "a directory without saved_model.pb")
     if os.path.isdir(path):
         return "a directory"
     if not os.path.isfile(path):

@@ -35,13 +35,15 @@ INT_LIMIT = 2**31 - 1
 SEED_LIMIT = 2**32 - 1
 # Keras builds a functional model, and builds it again when it loads one, by
 # a graph walk that recurses once per layer
-# (`keras.src.ops.function._build_map_helper`), and Python allows 1000
-# frames: `--num-layers 1000` ended in a RecursionError while building the
-# model (987 frames of the walk). 512 leaves the callers' frames room; a
-# 512-layer model builds, saves and loads (tests/test_grid_identity.py).
+# (`keras.src.ops.function._build_map_helper`), and Python stops at 1000
+# frames by default: `--num-layers 1000` ended in a RecursionError while
+# building the model (987 frames of the walk; importing TensorFlow raises
+# the limit to 3000, a JAX or torch process without it keeps 1000). 512
+# leaves the callers' frames room: a 512-layer model builds, saves and
+# loads under the default limit (tests/test_grid_identity.py).
 MAX_LAYERS = 512
 _LAYERS_WHY = ("Keras builds and loads a model by a walk that recurses once "
-               "per layer, and Python allows 1000 frames")
+               "per layer, and Python stops at 1000 frames by default")
 # Real settings reach the float32 computation (and its event files): a
 # finite float64 past float32's largest value, `--learning-rate 1e308`,
 # ended in an overflow when it was logged.

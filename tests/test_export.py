@@ -425,7 +425,8 @@ def test_export_model_rejects_bad_arguments_before_writing(model, tmp_path):
         (dict(path=str(tmp_path / "m.onnx")), 'a format="onnx" file'),
         (dict(path=str(tmp_path / "m.h5"), format="keras"), '".keras"'),
         (dict(path=str(taken), format="keras"), "overwrite=True"),
-        (dict(path=str(plain_dir), overwrite=True), "holds no SavedModel"),
+        (dict(path=str(plain_dir), overwrite=True),
+         "a directory without saved_model.pb, not a SavedModel directory"),
         (dict(path=str(blocker / "sub" / "m")), "not a directory"),
         (dict(path=""), "`path`"),
     ]
@@ -536,7 +537,8 @@ def test_overwrite_replaces_only_a_model_of_the_same_kind(run_dir, tmp_path,
     own = os.path.join(run_dir["logdir"], "model.keras")
     cases = [
         (notes, "is a file of another kind, not a .keras model file"),
-        (folder, "is a directory that holds no SavedModel, not a SavedModel"),
+        (folder, "is a directory without saved_model.pb, not a SavedModel "
+         "directory"),
         (onnx_named, "is a file of another kind, not an ONNX model file"),
         (tflite_named, "is a file of another kind, not a TFLite model file"),
         (link, "is a symbolic link, not a .keras model file"),

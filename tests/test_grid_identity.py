@@ -168,7 +168,8 @@ def test_a_folder_an_earlier_version_left_is_read_from_its_report(
 @pytest.mark.parametrize("argv,words", [
     (["train", "--num-layers", "1000"], "--num-layers must be an integer in "
      f"[1, {MAX_LAYERS}] (Keras builds and loads a model by a walk that "
-     "recurses once per layer, and Python allows 1000 frames); got 1000"),
+     "recurses once per layer, and Python stops at 1000 frames by default); "
+     "got 1000"),
     (["compare", "--num-layers", "1,1000"], "--num-layers must be an "
      f"integer in [1, {MAX_LAYERS}]"),
     (["train", "--vocab-size", "1000000000", "--task", "reverse"],
