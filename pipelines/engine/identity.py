@@ -46,10 +46,13 @@ def plan_identity(grid):
 
 
 def write_identity(grid):
-    """Writes `grid.json` at the grid's root (creating the root)."""
+    """Writes `grid.json` at the grid's root (creating the root), unless it
+    holds this identity already (a rerun leaves it as it was)."""
+    identity = plan_identity(grid)
+    if os.path.isdir(grid.logdir) and stored_identity(grid.logdir) == identity:
+        return
     os.makedirs(grid.logdir, exist_ok=True)
-    write_json_atomic(os.path.join(grid.logdir, GRID_FILE),
-                      plan_identity(grid))
+    write_json_atomic(os.path.join(grid.logdir, GRID_FILE), identity)
 
 
 def _read_json(path, logdir):
