@@ -19,6 +19,7 @@ name (scripts, test files, modules, the package's extras); `curl` and
 read.
 """
 
+import argparse
 import importlib.util
 import json
 import pathlib
@@ -187,12 +188,24 @@ def check_command(words, comment, tmp_path, monkeypatch, capsys):
         assert program in ONLY_READ
 
 
+def strict_parser():
+    """The command line's parser taking flags only whole: argparse would
+    take a documented `--learning` for `--learning-rate`, so a flag renamed
+    to a longer name would still pass."""
+    parser = cli.build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                subparser.allow_abbrev = False
+    return parser
+
+
 def check_keras_attention(args, comment, tmp_path, monkeypatch, capsys):
     exits = EXITS.search(comment)
     runs = (exits is not None or "--help" in args or "-h" in args
             or args[:1] == ["variance"])
     if not runs:
-        parsed = cli.build_parser().parse_args(args)  # SystemExit: a bad flag
+        parsed = strict_parser().parse_args(args)  # SystemExit: a bad flag
         assert parsed.command == args[0]
         return
     monkeypatch.chdir(tmp_path)
