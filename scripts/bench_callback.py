@@ -1,0 +1,106 @@
+"""The cost of `AttentionMonitor` in `model.fit`: fit with the callback over
+fit without it, in one run, on the Keras backend `--backend` names.
+
+The default model is the recall task's `build_sequence_model` at the
+training pipeline's defaults (`keras-attention train --task recall`: 1
+layer, 1 head, d_model 64, key_dim 64, batch 64), compiled with Adam and
+sparse categorical cross-entropy from logits as the pipeline trains it, fed
+the task's own batches from memory. The callback logs its default
+`update_freq=100` with `(x, y)` examples (the pipeline's 16-example probe
+batch, so the gradient statistics are on) and no heat-map images.
+
+One model is fitted `--rounds` times each way, one epoch of `--steps`
+batches per fit, alternating with and without the callback (in reversed
+order every other round). A first fit each way, untimed, compiles the train
+step and the callback's probe (the callback keeps its compiled probe for the
+next fit of the same model); its ratio is printed too, as `first fit`.
+The figure is the ratio of the medians of the timed fits' times, on this
+process's CPU time by default (`--clock wall` for elapsed time: on a shared
+machine its noise, +-50% between identical fits, hid the callback).
+
+Measured on a shared 2-core CPU (the machine's other jobs running), the
+defaults (1000 steps, 5 rounds, CPU clock): see the table in
+`keras_attention/callbacks.py`.
+
+Usage:
+
+    python scripts/bench_callback.py --backend jax
+    python scripts/bench_callback.py --steps 2000 --rounds 7 --clock wall
+
+Bad arguments exit with status 2 and one line on stderr.
+"""
+
+import statistics
+import tempfile
+
+import _bench  # noqa: F401  (first: backend, log level, sys.path)
+import keras
+import numpy as np
+
+from keras_attention import AttentionMonitor
+from pipelines.builders import build_model
+from pipelines.builders import build_probe_batch
+from pipelines.builders import build_task
+from pipelines.config import Layer
+from pipelines.config import resolve_config
+
+PROG = "bench_callback.py"
+
+
+def main(argv=None):
+    parser = _bench.parser(PROG, __doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                        help="Keras backend (default: KERAS_BACKEND)")
+    _bench.add_flag(parser, "--steps", 1000, "batches per fit")
+    _bench.add_flag(parser, "--rounds", 5, "timed fits each way")
+    _bench.add_flag(parser, "--update-freq", 100, "the callback's update_freq")
+    parser.add_argument("--clock", choices=sorted(_bench.CLOCKS),
+                        default="cpu",
+                        help="cpu (default): this process's CPU time, which "
+                        "other jobs on a shared machine disturb far less; "
+                        "wall: elapsed time")
+    args = parser.parse_args(argv)
+    config = resolve_config([Layer(PROG, {"task": "recall"})])
+    task = build_task(config)
+    keras.utils.set_random_seed(config.seed)
+    model = build_model(config, task)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    batches = task.batches(config.batch_size, config.seed)
+    data = [next(batches) for _ in range(args.steps)]
+    x, y, weight = (np.concatenate(parts) for parts in zip(*data))
+    tokens, targets, _ = build_probe_batch(config, task)
+    with tempfile.TemporaryDirectory() as log_dir:
+        monitor = AttentionMonitor(log_dir, (tokens, targets),
+                                   update_freq=args.update_freq)
+
+        clock = _bench.CLOCKS[args.clock]
+
+        def fit(callbacks):
+            start = clock()
+            model.fit(x, y, sample_weight=weight,
+                      batch_size=config.batch_size, epochs=1, verbose=0,
+                      shuffle=False, callbacks=callbacks)
+            return clock() - start
+
+        first = {"with": fit([monitor]), "without": fit([])}
+        times = {"with": [], "without": []}
+        for round_ in range(args.rounds):
+            order = ("with", "without") if round_ % 2 == 0 else (
+                "without", "with")
+            for name in order:
+                times[name].append(fit([monitor] if name == "with" else []))
+    with_, without = (statistics.median(times[name])
+                      for name in ("with", "without"))
+    print(f"backend {keras.backend.backend()}, recall model, "
+          f"{args.steps} steps of {config.batch_size}, update_freq "
+          f"{args.update_freq}, {args.clock} clock, median of {args.rounds}: "
+          f"fit {without:.2f} s without, {with_:.2f} s "
+          f"with the callback; ratio {with_ / without:.3f} "
+          f"(first fit, compiling: {first['with'] / first['without']:.3f})")
+
+
+if __name__ == "__main__":
+    main()
