@@ -13,7 +13,8 @@ Floors (a module imports only from its own floor, without cycles, or below):
 - 0, core: `ops`, `scales` (the score scales), `memory_efficient`, `files`,
   `validation`, `initializers`, `events` (TensorBoard event files written
   without TensorFlow);
-- 1, the layer: `layer` (and its private helpers), `recording`;
+- 1, the layer: `layer` (and its private helpers), `recording` (with
+  `_keras_layers`, its one seam into Keras's own attention layers);
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
   `tasks`, `diagnostics`, `viz`, `dashboard` (probing a model and writing
   what TensorBoard shows), `callbacks` (`AttentionMonitor` for

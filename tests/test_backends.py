@@ -426,7 +426,14 @@ CORE = {
         "or test_learned_scale_and_qk_norm_cross_attention or test_dropout "
         # The compiled probe and the score-offset gradient are checked
         # against TensorFlow by test_probe_matches_tensorflow[jax].
-        "or two_layer_probe or frozen_kernels"
+        "or two_layer_probe or frozen_kernels "
+        # Keras's attention layers: their causal-only fast path, GQA's
+        # heads, one head, the score offsets this backend's probe uses, and
+        # the probe compiled with jax.jit.
+        "or (test_recording_keras.py and ((weights_equal and (mha-causal "
+        "or gqa-attention_mask or additive-padding)) or (score_offsets "
+        "and gqa) or (probe_gradients and (mha-True-True "
+        "or attention-True-False)) or unsupported or nests))"
     ),
     "torch": (
         "test_backends.py or test_layer_harness.py "
@@ -434,11 +441,11 @@ CORE = {
         "or (masks_match and False-all) or fully_masked or gradients_flow "
         "or bad_arguments or (output_only_gradients and float32) "
         "or mixed_precision or dropout_only or qk_norm or keras_mask "
-        "or test_probe.py or test_ssmax.py"
+        "or test_probe.py or test_ssmax.py or test_recording_keras.py"
     ),
 }
 MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py",
-           "test_probe.py", "test_ssmax.py"]
+           "test_probe.py", "test_ssmax.py", "test_recording_keras.py"]
 
 
 @from_outer_run

@@ -46,6 +46,7 @@ FLOORS = {
     "keras_attention.layer": 1,
     "keras_attention._layer_utils": 1,
     "keras_attention.recording": 1,
+    "keras_attention._keras_layers": 1,
     # 2, what is built from layers.
     "keras_attention.transformer_block": 2,
     "keras_attention.models": 2,

@@ -16,7 +16,9 @@ The training pipeline probes every few hundred steps, outside the training
 step, with the compiled `diagnostics_probe` (`probe_diagnostics` is the
 eager, one-off form of the same computation), and hands the result to
 `write_diagnostics`. One forward and backward pass on the probe batch gives,
-for every `ScaledDotProductAttention` layer:
+for every attention layer (`ScaledDotProductAttention`, or Keras's
+`MultiHeadAttention`, `GroupQueryAttention`, `Attention`, `AdditiveAttention`:
+see `keras_attention.recording.attention_layers`):
 
 * how peaked the attention is: per-head mean softmax entropy (raw and
   normalised by the log of the number of attendable keys), mean maximum
@@ -24,8 +26,9 @@ for every `ScaledDotProductAttention` layer:
 * how spread the pre-softmax scores are (`score_std`), which is what the
   `1/sqrt(d_k)` scale controls, and the largest of them (`max_abs_score`,
   the attention-logit growth tracked in training-stability studies);
-* how much gradient reaches the projections and the scores (vanishing
-  gradients through a saturated softmax show up here first);
+* how much gradient reaches the projections (where the layer has them)
+  and the scores (vanishing gradients through a saturated softmax show up
+  here first);
 * the weights themselves, drawn as labelled heat maps (token labels on
   both axes, a colour bar).
 

@@ -14,6 +14,8 @@ functions: this module is imported on every backend (see `probe`).
 
 import functools
 
+from keras_attention.recording import projection_kernels
+
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
     """`(logits, loss, records, gradients)` of one pass, run op by op.
@@ -97,6 +99,8 @@ def _passes(model, layers, forward, trainable, non_trainable, tokens, targets,
     }
 
     def gradient_of(kernel):
+        if kernel is None:  # the layer has no such kernel
+            return None
         # A frozen kernel is not differentiated; zeros, as on the other
         # backends.
         index = position.get(id(kernel))
@@ -106,9 +110,8 @@ def _passes(model, layers, forward, trainable, non_trainable, tokens, targets,
 
     gradients = {
         name: [
-            gradient_of(layers[name].query_kernel),
-            gradient_of(layers[name].key_kernel),
-            gradient_of(layers[name].value_kernel),
+            *(gradient_of(kernel) for kernel in projection_kernels(
+                layers[name])),
             d_offsets[name],
         ]
         for name in records

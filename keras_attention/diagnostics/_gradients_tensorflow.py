@@ -9,6 +9,8 @@ functions: this module is imported on every backend (see `probe`).
 
 import functools
 
+from keras_attention.recording import projection_kernels
+
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
     """`(logits, loss, records, gradients)` of one pass, eagerly or traced.
@@ -27,7 +29,9 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
         The logits, the loss, the records by layer name, and `gradients`
         mapping each recorded layer's name to the gradients of the loss
         with respect to its W_Q, W_K, W_V and scores (zeros where the loss
-        does not depend on one, and for a kernel that is not trainable).
+        does not depend on one, and for a kernel that is not trainable;
+        `None` for a kernel the layer does not have, see
+        `recording.projection_kernels`).
     """
     import tensorflow as tf
 
@@ -37,29 +41,36 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
             tokens, targets, sample_weight, None,
         )
     sources = {
-        name: [
-            layers[name].query_kernel,
-            layers[name].key_kernel,
-            layers[name].value_kernel,
-            record["scores"],
-        ]
+        name: [*projection_kernels(layers[name]), record["scores"]]
         for name, record in records.items()
     }
-    gradients = tape.gradient(
-        loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO
-    )
-    # The tape watches a frozen kernel too (Keras keeps its tf.Variable
-    # trainable); zeros, as on JAX and torch, whose passes differentiate
-    # only the trainable variables.
-    gradients = {
-        name: [
-            tf.zeros_like(grad) if not getattr(source, "trainable", True)
-            else grad
-            for source, grad in zip(sources[name], grads)
-        ]
-        for name, grads in gradients.items()
+    present = {
+        name: [source for source in group if source is not None]
+        for name, group in sources.items()
     }
+    found = tape.gradient(
+        loss, present, unconnected_gradients=tf.UnconnectedGradients.ZERO
+    )
+    gradients = {}
+    for name, group in sources.items():
+        grads = iter(found[name])
+        # The tape watches a frozen kernel too (Keras keeps its tf.Variable
+        # trainable); zeros, as on JAX and torch, whose passes
+        # differentiate only the trainable variables.
+        gradients[name] = [
+            None if source is None
+            else _zero_if_frozen(source, next(grads))
+            for source in group
+        ]
     return logits, loss, records, gradients
+
+
+def _zero_if_frozen(source, grad):
+    import tensorflow as tf
+
+    if not getattr(source, "trainable", True):
+        return tf.zeros_like(grad)
+    return grad
 
 
 def compiled(model, layers, forward):

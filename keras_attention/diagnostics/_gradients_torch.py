@@ -12,6 +12,8 @@ import functools
 
 import keras
 
+from keras_attention.recording import projection_kernels
+
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
     """`(logits, loss, records, gradients)` of one pass, as numpy arrays.
@@ -26,18 +28,18 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
     )
     sources = {
         name: [
-            layers[name].query_kernel.value,
-            layers[name].key_kernel.value,
-            layers[name].value_kernel.value,
+            *(None if kernel is None else kernel.value
+              for kernel in projection_kernels(layers[name])),
             record["scores"],
         ]
         for name, record in records.items()
     }
     # autograd refuses a tensor that does not require a gradient (a frozen
-    # kernel); like an unconnected one, it gets zeros.
+    # kernel); like an unconnected one, it gets zeros. A kernel the layer
+    # does not have (`None`) gets `None`.
     wanted = [
         source for group in sources.values() for source in group
-        if source.requires_grad
+        if source is not None and source.requires_grad
     ]
     found = (
         torch.autograd.grad(loss, wanted, allow_unused=True)
@@ -47,7 +49,9 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
     detach = keras.ops.convert_to_numpy
     gradients = {
         name: [
-            detach(torch.zeros_like(source)) if by_id.get(id(source)) is None
+            None if source is None
+            else detach(torch.zeros_like(source))
+            if by_id.get(id(source)) is None
             else detach(by_id[id(source)])
             for source in group
         ]

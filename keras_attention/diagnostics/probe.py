@@ -37,6 +37,10 @@ from keras_attention.diagnostics.statistics import global_norm
 from keras_attention.diagnostics.statistics import layer_statistics
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
+from keras_attention.recording import supported_names
+
+_GRADIENT_KEYS = ("grad_norm_query", "grad_norm_key", "grad_norm_value",
+                  "grad_norm_scores")
 
 # The backward pass of each Keras backend: a module with
 # `forward_backward(model, layers, forward, tokens, targets, sample_weight)`
@@ -86,8 +90,11 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
     call of a compiled probe 2.0 s (later calls 106 and 7 ms).
 
     Args:
-        model: a Keras model containing `ScaledDotProductAttention` layers
-            and returning logits.
+        model: a Keras model returning logits and containing attention
+            layers: `ScaledDotProductAttention`, or Keras's
+            `MultiHeadAttention` (and subclasses), `GroupQueryAttention`,
+            `Attention`, `AdditiveAttention` (see
+            `keras_attention.recording.attention_layers`).
         tokens: model inputs for the probe batch.
         targets: integer class ids, shaped like the logits without their
             last axis (any targets `loss_fn` takes when it is given), or
@@ -105,15 +112,19 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         arrays `"entropy"`, `"entropy_normalized"`, `"max_weight"`,
         `"saturated_fraction"` of shape `(H,)`; `"entropy_rows"`, the
         normalised entropy of every query row with an attendable key;
-        floats `"score_std"`, `"max_abs_score"` (the largest `|q·k·scale|`),
-        `"grad_norm_query"`, `"grad_norm_key"`,
+        floats `"score_std"`, `"max_abs_score"` (the largest
+        `|q·k·scale|`), `"grad_norm_query"`, `"grad_norm_key"`,
         `"grad_norm_value"`, `"grad_norm_scores"` (the L2 norms of the
         gradients of the loss; 0 for a kernel that is not trainable, on
-        every backend); and `"weights"`, `"scores"` (scaled, before the
-        mask) `(B, H, T, S)` and the boolean `"mask"` or `None`), in the
-        model's order of layers, and `"summary"` with the mean of each statistic of
+        every backend; `None` for a kernel the layer does not have, see
+        `keras_attention.recording.projection_kernels`: Keras's
+        `Attention` and `AdditiveAttention` project nothing); and
+        `"weights"`, `"scores"` (scaled, before the mask) `(B, H, T, S)`
+        and the boolean `"mask"` or `None`), in the model's order of
+        layers, and `"summary"` with the mean of each statistic of
         `SUMMARY_KEYS` over layers and heads (the maximum for
-        `SUMMARY_MAX_KEYS`).
+        `SUMMARY_MAX_KEYS`), over the layers that have it (absent where
+        none has).
 
     Raises:
         ValueError: if `model` has no attention layer, none of them was
@@ -193,12 +204,12 @@ def diagnostics_probe(model, loss_fn=None):
 
 
 def _check_model(model):
-    """Maps name -> every `ScaledDotProductAttention` inside `model`."""
+    """Maps name -> every attention layer inside `model`."""
     layers = {layer.name: layer for layer in attention_layers(model)}
     if not layers:
         raise ValueError(
-            "`model` must contain at least one ScaledDotProductAttention "
-            f"layer; found none in {model.name!r}."
+            "`model` must contain at least one attention layer "
+            f"({supported_names()}); found none in {model.name!r}."
         )
     return layers
 
@@ -285,18 +296,21 @@ def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
                                      np.float32)
         mask = records[name].get("mask")
         stats["mask"] = None if mask is None else np.asarray(to_numpy(mask))
-        stats["grad_norm_query"] = global_norm(grad_query)
-        stats["grad_norm_key"] = global_norm(grad_key)
-        stats["grad_norm_value"] = global_norm(grad_value)
-        stats["grad_norm_scores"] = global_norm(grad_scores)
+        # `None` for a kernel the layer does not have (Attention).
+        for key, grad in zip(_GRADIENT_KEYS, (grad_query, grad_key,
+                                              grad_value, grad_scores)):
+            stats[key] = None if grad is None else global_norm(grad)
         layer_stats[name] = stats
 
-    summary = {
-        key: float(np.mean([np.mean(s[key]) for s in layer_stats.values()]))
-        for key in SUMMARY_KEYS
-    }
-    for key in SUMMARY_MAX_KEYS:  # the largest over layers, not the mean
-        summary[key] = float(max(s[key] for s in layer_stats.values()))
+    summary = {}
+    for key in SUMMARY_KEYS:
+        # Over the layers that have the statistic (a model of Keras
+        # `Attention` layers has no kernel gradients: no key).
+        values = [np.mean(s[key]) for s in layer_stats.values()
+                  if s[key] is not None]
+        if values:
+            reduce = np.max if key in SUMMARY_MAX_KEYS else np.mean
+            summary[key] = float(reduce(values))
     return {
         "loss": float(to_numpy(loss)),
         "accuracy": accuracy,

@@ -119,7 +119,9 @@ def _write_all(writer, diagnostics, step, max_images, labels):
             step,
         )
         for key, tag in _GRADIENT_TAGS.items():
-            if key in stats:  # Absent where the probe had no targets.
+            # Absent where the probe had no targets; None where the layer
+            # has no such kernel.
+            if stats.get(key) is not None:
                 writer.scalar(f"gradients/{name}/{tag}", float(stats[key]),
                               step)
         if max_images > 0:
