@@ -119,7 +119,7 @@ class AttentionMonitor(keras.callbacks.Callback):
         self._labels = labels
         self._loss = loss
         if log_metrics is None:
-            log_metrics = importlib.util.find_spec("tensorflow") is None
+            log_metrics = not _tensorflow_installed()
         self.log_metrics = bool(log_metrics)
         self._writers = {}
         self._logger = None
@@ -233,6 +233,15 @@ class AttentionMonitor(keras.callbacks.Callback):
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
+
+
+def _tensorflow_installed():
+    """Whether TensorFlow can be imported (found, not imported: importing
+    it costs seconds and start-up lines on a JAX or torch run)."""
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # A finder that refuses it.
+        return False
 
 
 def _check_log_dir(log_dir):

@@ -9,6 +9,8 @@ The fit cases run here on TensorFlow and, through `run_pytest_under`, on JAX
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -17,6 +19,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from _backends import BACKEND
+from _backends import REPO_ROOT
 from _backends import from_outer_run
 from _backends import run_pytest_under
 from keras_attention import AttentionMonitor
@@ -196,6 +199,33 @@ def test_fit_labels_and_metrics(data, tmp_path):
             history.history[f"{prefix}loss"], rtol=1e-6)
 
 
+def test_fit_keras_multi_head_attention(data, tmp_path):
+    """A user's own model of `keras.layers.MultiHeadAttention`: the maps
+    logged at the end are the layer's own `return_attention_scores=True`
+    output, and (with targets) |dL/dscores| is logged for it."""
+    x, y = data
+    keras.utils.set_random_seed(2)
+    tokens = keras.Input((SEQ_LEN,), dtype="int32")
+    hidden = keras.layers.Embedding(VOCAB, 8, name="embed")(tokens)
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4,
+                                                name="mha")
+    outputs = keras.layers.Dense(VOCAB)(attention(hidden, hidden))
+    model = keras.Model(tokens, outputs)
+    model.compile(optimizer="adam", loss=keras.losses.
+                  SparseCategoricalCrossentropy(from_logits=True))
+    _fit(model, data, [AttentionMonitor(tmp_path, (x[:4], y[:4]),
+                                        update_freq=5)])
+    tags = _read(tmp_path / "train")
+    steps = tags["attention/mha/maps"]
+    assert sorted(steps) == [0, 5, 10, 15, STEPS]
+    _, maps = decode_summary(steps[STEPS])
+    embedded = model.get_layer("embed")(x[:4])
+    _, scores = attention(embedded, embedded, return_attention_scores=True)
+    np.testing.assert_allclose(maps, keras.ops.convert_to_numpy(scores),
+                               atol=1e-3)  # float16
+    assert tags["gradients/mha/scores"][STEPS] > 0
+
+
 class _Poison(keras.callbacks.Callback):
     """Makes a kernel non-finite after batch `at` (the training diverges)."""
 
@@ -272,6 +302,48 @@ def test_labels_that_do_not_fit(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+_WITHOUT_TENSORFLOW = """
+import sys
+
+# As if TensorFlow were not installed: `import tensorflow` raises
+# ModuleNotFoundError and `importlib.util.find_spec` finds nothing.
+sys.modules["tensorflow"] = None
+import keras, numpy as np
+from keras_attention import AttentionMonitor, build_sequence_model
+
+x = np.arange(1, 17).reshape(2, 8) % 9 + 1
+model = build_sequence_model(vocab_size=10, seq_len=8, num_classes=10,
+                             d_model=8, key_dim=4)
+model.compile(optimizer="sgd", loss=keras.losses.
+              SparseCategoricalCrossentropy(from_logits=True))
+history = model.fit(x, x, epochs=2, verbose=0,
+                    callbacks=[AttentionMonitor(sys.argv[1], x)])
+print(history.history["loss"])
+assert sys.modules["tensorflow"] is None
+"""
+
+
+@from_outer_run
+def test_fit_without_tensorflow_logs_the_loss(tmp_path):
+    """Where TensorFlow cannot be imported (torch here), the monitor also
+    writes fit's loss, as Keras's TensorBoard callback would."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "KERAS_BACKEND": "torch",
+           "PYTHONPATH": os.pathsep.join(filter(None, [
+               REPO_ROOT,
+               os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TENSORFLOW, str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [float(value) for value in
+              result.stdout.strip().splitlines()[-1].strip("[]").split(",")]
+    logged = _read(tmp_path / "train")
+    np.testing.assert_allclose([logged["epoch_loss"][epoch]
+                                for epoch in (0, 1)], losses, rtol=1e-6)
+    assert sorted(logged["attention/attention_0/maps"]) == [0, 2]
+
+
 # --------------------------------------------------- the other backends
 @from_outer_run
 @pytest.mark.parametrize("backend", ["jax", "torch"])
@@ -283,5 +355,5 @@ def test_fit_on_other_backends(backend, monkeypatch):
     # step and the probe: about 10 s on 2 shared cores).
     run_pytest_under(backend, ["test_callbacks.py"], {
         "jax": "distributed",
-        "torch": "weights_and_maps and False",
+        "torch": "weights_and_maps and False or multi_head",
     }[backend])
