@@ -355,5 +355,5 @@ def test_fit_on_other_backends(backend, monkeypatch):
     # step and the probe: about 10 s on 2 shared cores).
     run_pytest_under(backend, ["test_callbacks.py"], {
         "jax": "distributed",
-        "torch": "weights_and_maps and False or multi_head",
+        "torch": "weights_and_maps and False",
     }[backend])
