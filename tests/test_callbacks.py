@@ -163,10 +163,16 @@ def test_fit_gradients_of_the_compiled_loss(data, tmp_path):
     one_hot = np.eye(VOCAB, dtype="float32")[y]
     model = _model(loss="mse")
     x_fit, y_fit = x, one_hot
+    # Beside Keras's own TensorBoard callback in the same log_dir, where
+    # TensorFlow runs it.
+    keras_board = ([keras.callbacks.TensorBoard(tmp_path)]
+                   if BACKEND == "tensorflow" else [])
     model.fit(x_fit, y_fit, batch_size=BATCH, epochs=1, verbose=0,
               callbacks=[AttentionMonitor(tmp_path, (x[:4], one_hot[:4]),
-                                          update_freq=100)])
+                                          update_freq=100), *keras_board])
     tags = _read(tmp_path / "train")
+    if keras_board:
+        assert 0 in tags["epoch_loss"]  # Keras's, read with ours.
     end = 8
 
     def mse(targets, outputs, weights):
