@@ -60,8 +60,8 @@ class AttentionMonitor(keras.callbacks.Callback):
       before the softmax (`attention/<layer>/score_std`), the layers' means
       (`attention/mean/...`) and, with targets, the norms of the loss's
       gradient at the scores and W_Q, W_K, W_V (`gradients/<layer>/...`);
-    * `attention/diverged`: 0, or 1 at a step whose weights or statistics
-      were not finite (nothing else is written at that step; one warning
+    * `attention/diverged`: 0, or 1 at a step whose trained weights or
+      statistics were not finite (nothing else is written at that step; one warning
       line is logged the first time).
 
     Steps count the batches since `fit` began, as Keras's TensorBoard
@@ -158,7 +158,7 @@ class AttentionMonitor(keras.callbacks.Callback):
                 f"`log_dir` {self.log_dir!r} cannot hold event files: "
                 f"{error}") from error
         self._logger = logger
-        self._write(diagnostics, 0)
+        self._write(diagnostics, 0, _weights_finite(self.model))
 
     def on_train_batch_begin(self, batch, logs=None):
         # Step `k` is logged here, before batch `k + 1` (its weights are
@@ -219,13 +219,13 @@ class AttentionMonitor(keras.callbacks.Callback):
     def _log(self, step):
         # `self.model` syncs JAX's training state into the variables, as
         # Keras's own callbacks do before reading weights.
-        self.model  # noqa: B018
-        self._write(self._logger.probe(), step)
+        model = self.model
+        self._write(self._logger.probe(), step, _weights_finite(model))
 
-    def _write(self, diagnostics, step):
+    def _write(self, diagnostics, step, weights_finite=True):
         writer = self._writer("train")
         self._logged = step
-        if not is_finite(diagnostics):
+        if not (weights_finite and is_finite(diagnostics)):
             if not self._warned:
                 _LOG.warning(
                     "AttentionMonitor: the model diverged (non-finite "
@@ -247,6 +247,16 @@ class AttentionMonitor(keras.callbacks.Callback):
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
+
+
+def _weights_finite(model):
+    """Whether every float weight the model trains is finite: one reduction
+    per variable where it lives, one read of the flags (no copy of the
+    weights to the host)."""
+    flags = [keras.ops.all(keras.ops.isfinite(variable))
+             for variable in model.trainable_variables
+             if "float" in str(variable.dtype)]
+    return all(bool(keras.ops.convert_to_numpy(flag)) for flag in flags)
 
 
 def _tensorflow_installed():

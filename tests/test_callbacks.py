@@ -249,9 +249,10 @@ def test_fit_diverged_model_is_marked(data, tmp_path, caplog):
     x, y = data
     model = _model()
     with caplog.at_level(logging.WARNING, logger="keras_attention"):
+        # No targets: the attention before the poisoned classifier stays
+        # finite; the weights tell.
         _fit(model, data, [_Poison(at=4),
-                           AttentionMonitor(tmp_path, (x[:4], y[:4]),
-                                            update_freq=3)])
+                           AttentionMonitor(tmp_path, x[:4], update_freq=3)])
     diverged = _read(tmp_path / "train")["attention/diverged"]
     assert {step: float(value) for step, value in diverged.items()} == {
         0: 0.0, 3: 0.0, 6: 1.0, 9: 1.0, 12: 1.0, 15: 1.0, STEPS: 1.0}
