@@ -172,7 +172,8 @@ def check_export_target(path, format="saved_model", overwrite=False):
 
     Raises:
         ValueError: when `path` does not suit `format`, exists (without
-            `overwrite`), is a directory other than a SavedModel, or lies
+            `overwrite`), is anything but a model of `format` (with it: a
+            SavedModel directory, or a model file of that format), or lies
             under an existing file.
 
     Example:
@@ -208,11 +209,49 @@ def check_export_target(path, format="saved_model", overwrite=False):
         raise ValueError(
             f"`path` {path} already exists; pass overwrite=True to replace it."
         )
-    if os.path.isdir(path) and not _is_saved_model(path):
+    found = _kind_of(path, format)
+    if found is not None:
         raise ValueError(
-            f"`path` {path} is a directory that holds no SavedModel; "
+            f"`path` {path} is {found}, not {_KIND_NAMES[format]}; "
             "refusing to replace it even with overwrite=True."
         )
+
+
+# What `overwrite=True` may replace, per format, in words.
+_KIND_NAMES = {"saved_model": "a SavedModel directory",
+               "keras": "a .keras model file",
+               "tflite": "a TFLite model file", "onnx": "an ONNX model file"}
+
+
+def _kind_of(path, format):
+    """`None` when the existing `path` is a model of `format` (what an
+    export may replace), else what it is, in words."""
+    if os.path.islink(path):
+        return "a symbolic link"
+    if format == "saved_model":
+        if not os.path.isdir(path):
+            return "a file" if os.path.isfile(path) else "not a directory"
+        return None if _is_saved_model(path) else (
+            "a directory without saved_model.pb")
+    if os.path.isdir(path):
+        return "a directory"
+    if not os.path.isfile(path):
+        return "not a regular file"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as error:
+        return f"a file that cannot be read ({error.strerror})"
+    # A .keras file is a zip archive; a TFLite flat buffer carries the
+    # file identifier "TFL3" after its 4-byte root offset; an ONNX
+    # ModelProto begins with its ir_version field (field 1, varint: 0x08).
+    if format == "keras" and head[:4] == b"PK\x03\x04":
+        return None
+    if format == "tflite" and head[4:8] == b"TFL3":
+        return None
+    if format == "onnx" and head[:1] == b"\x08":
+        return None
+    return "a file of another kind"
 
 
 # ------------------------------------------------------------------ writes

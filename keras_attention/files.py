@@ -1,4 +1,5 @@
-"""Writing files so that a crash never leaves half of one.
+"""Writing files so that a crash never leaves half of one, and saying what
+a path that cannot be read as a file is.
 
 `atomic_path(path)` is the one atomic writer of the package and of the
 pipelines built on it: whatever is written to the temporary path it yields
@@ -8,9 +9,49 @@ only.
 """
 
 import contextlib
+import errno
 import os
 import shutil
+import stat
 import tempfile
+
+# What a path that is neither a regular file nor a directory is, by its
+# `stat` type.
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO), not a text file"),
+    (stat.S_ISSOCK, "a socket, not a text file"),
+    (stat.S_ISCHR, "a character device, not a text file"),
+    (stat.S_ISBLK, "a block device, not a text file"),
+)
+
+
+def path_problem(path):
+    """Why `path` cannot be read as a regular file or a directory, in words
+    (`"a loop of symbolic links"`, `"a named pipe (FIFO), not a text
+    file"`, `"no such file or directory"`), or `None` when it can.
+
+    Opens nothing: a named pipe's `open` would wait for a writer.
+
+    Example:
+
+    >>> path_problem("/no/such/path")
+    'no such file or directory'
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a loop of symbolic links"
+        if error.errno == errno.ENOENT:
+            return ("a symbolic link to a missing file"
+                    if os.path.islink(path) else "no such file or directory")
+        return error.strerror or str(error)
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, kind in _SPECIAL_KINDS:
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _remove(path):

@@ -112,7 +112,7 @@ TASK_DEFAULTS = {
         warmup_steps=100,
         steps=1000,
     ),
-    # Causal, by character: 2.39 bits/char (unigram 4.56) in 600 steps; README.
+    # Causal, by character: 2.39 bits/char (unigram 4.56) in 600 steps; docs/results.md.
     "text": dict(seq_len=128, d_model=128, num_layers=4, num_heads=4,
                  key_dim=32, causal=True, learning_rate=3e-3, steps=600,
                  warmup_steps=60, batch_size=32, probe_size=32),

@@ -33,15 +33,28 @@ INT_LIMIT = 2**31 - 1
 # The seed also seeds numpy's global generator (through Keras), which takes
 # [0, 2**32): `--seed 2**32` ended in numpy's ValueError.
 SEED_LIMIT = 2**32 - 1
+# Keras builds a functional model, and builds it again when it loads one, by
+# a graph walk that recurses once per layer
+# (`keras.src.ops.function._build_map_helper`), and Python stops at 1000
+# frames by default: `--num-layers 1000` ended in a RecursionError while
+# building the model (987 frames of the walk; importing TensorFlow raises
+# the limit to 3000, a JAX or torch process without it keeps 1000). 512
+# leaves the callers' frames room: a 512-layer model builds, saves and
+# loads under the default limit (tests/test_grid_identity.py).
+MAX_LAYERS = 512
+_LAYERS_WHY = ("Keras builds and loads a model by a walk that recurses once "
+               "per layer, and Python stops at 1000 frames by default")
 # Real settings reach the float32 computation (and its event files): a
 # finite float64 past float32's largest value, `--learning-rate 1e308`,
 # ended in an overflow when it was logged.
 REAL_LIMIT = float(3.4028234663852886e38)
 # Files that say a directory is something other than a run, which `train`
 # must not write into (`pipelines.compare.COMPARISON_JSON`,
-# `pipelines.sweep.SWEEP_JSON`, and a SavedModel's graph; test_config
-# checks the names agree).
+# `pipelines.sweep.SWEEP_JSON`, a grid's identity
+# `pipelines.engine.identity.GRID_FILE`, and a SavedModel's graph;
+# test_config checks the names agree).
 NOT_A_RUN = {
+    "grid.json": "a grid's root",
     "comparison.json": "a comparison's root",
     "sweep.json": "a sweep's root",
     "saved_model.pb": "an exported SavedModel",
@@ -89,16 +102,18 @@ def parse_init_std(text):
 
 
 # ------------------------------------------------------------------- checks
-def check_int(config, name, minimum, allow_none=False, maximum=INT_LIMIT):
+def check_int(config, name, minimum, allow_none=False, maximum=INT_LIMIT,
+              why=None):
     """Raises `UsageError` unless the setting is an integer in
-    `[minimum, maximum]`."""
+    `[minimum, maximum]`; `why` says why the maximum is what it is."""
     value = getattr(config, name)
     if value is None and allow_none:
         return
     if not is_int(value) or not minimum <= value <= maximum:
         raise UsageError(
-            f"{flag(name)} must be an integer in [{minimum}, {maximum}]; "
-            f"got {value!r}"
+            f"{flag(name)} must be an integer in [{minimum}, {maximum}]"
+            + (f" ({why})" if why and is_int(value) and value > maximum
+               else "") + f"; got {value!r}"
         )
 
 
@@ -146,6 +161,8 @@ non_negative_int = functools.partial(check_int, minimum=0)
 non_negative_int_or_none = functools.partial(check_int, minimum=0,
                                              allow_none=True)
 seed_range = functools.partial(check_int, minimum=0, maximum=SEED_LIMIT)
+layer_count = functools.partial(check_int, minimum=1, maximum=MAX_LAYERS,
+                                why=_LAYERS_WHY)
 
 
 def real(**interval):

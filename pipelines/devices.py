@@ -18,6 +18,11 @@ from pipelines.common import UsageError
 # gradients. `train --task reverse --seq-len 100000` grew past 6.7 GB and
 # failed deep in a step; this estimate says 2,384 GiB (the probe's maps).
 _MAPS_PER_LAYER = 4
+# A weight, its gradient and Adam's two moments: 4 float32.
+_BYTES_PER_WEIGHT = 16
+# The largest held-out batch of an evaluation (`steps.MAX_EVAL_BATCH`,
+# which imports this module; tests/test_grid_identity.py checks they agree).
+_EVAL_BATCH = 1024
 
 
 def resolve_precision(precision, devices):
@@ -102,15 +107,47 @@ def attention_bytes(config, seq_len):
     return max(train, config.probe_size * one_map)
 
 
-def check_memory(config, seq_len, memory=None):
-    """Refuses, before the first step, a run whose attention maps cannot
-    fit in `memory` bytes (default: this machine's physical memory).
+def model_bytes(config, task):
+    """An estimate of the memory, in bytes, of a run of `config` on `task`
+    besides its attention maps: the weights with their gradients and
+    Adam's moments, and the activations of the projections and the
+    feed-forward network (every layer's of a training batch, kept for the
+    backward pass, or one layer's of a held-out batch, whichever is
+    larger). `(weights, activations)`."""
+    d, heads = config.d_model, config.num_heads
+    values = config.value_dim or config.key_dim
+    widths = (2 * heads * config.key_dim + 2 * heads * values
+              + (config.ff_dim or 0) + 4 * d)
+    weights = (task.vocab_size * d + task.seq_len * d
+               + config.num_layers * d * widths + d * task.num_classes)
+    activations = task.seq_len * widths * max(
+        config.num_layers * config.batch_size,
+        min(config.heldout_size, _EVAL_BATCH))
+    return weights * _BYTES_PER_WEIGHT, activations * 4
+
+
+def physical_memory():
+    """This machine's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(config, task, memory=None):
+    """Refuses, before the first step, a run whose attention maps, or
+    weights and activations, cannot fit in `memory` bytes (default: this
+    machine's physical memory).
+
+    Args:
+        config: the run's `TrainConfig`.
+        task: the run's task; or its sequence length, to check the
+            attention maps only.
+        memory: the bytes available.
 
     Raises:
         UsageError: with the estimate, the limit and what to change.
     """
     if memory is None:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = physical_memory()
+    seq_len = getattr(task, "seq_len", task)
     needed = attention_bytes(config, seq_len)
     if needed > memory:
         raise UsageError(
@@ -121,4 +158,17 @@ def check_memory(config, seq_len, memory=None):
             f"{memory / 2**30:,.1f} GiB; shorten the sequences, lower "
             "--batch-size and --probe-size, or use --implementation "
             "memory_efficient"
+        )
+    if isinstance(task, int):
+        return
+    weights, activations = model_bytes(config, task)
+    if weights + activations > memory:
+        raise UsageError(
+            f"the model and its batches need about "
+            f"{(weights + activations) / 2**30:,.1f} GiB (weights with "
+            f"their gradients and optimizer state {weights / 2**30:,.1f} "
+            f"GiB, activations {activations / 2**30:,.1f} GiB), more than "
+            f"this machine's {memory / 2**30:,.1f} GiB; lower --d-model, "
+            "--num-heads, --key-dim, --ff-dim, --num-layers, --batch-size, "
+            "--heldout-size or the vocabulary"
         )

@@ -13,7 +13,10 @@ else a SavedModel directory with the signatures `serving_default` (tokens
 weights). A `--format` whose suffix `--out` does not have is refused.
 
 The export is written beside `--out` and renamed into place when complete;
-an existing `--out` is replaced only with `--overwrite`.
+an existing `--out` is replaced only with `--overwrite`, and only when it
+is a model of the same format (a SavedModel directory, or a `.keras`,
+TFLite or ONNX file); `--out` inside a training run's folder is refused, so
+an export never replaces a run's own files.
 
 A run trained on any backend exports the same files: SavedModel, TFLite
 and ONNX are converted from TensorFlow (see `keras_attention.export_onnx`
@@ -37,11 +40,14 @@ from keras_attention.export import check_export_target
 from keras_attention.export import check_packages
 from keras_attention.export import export_model
 from keras_attention.export_onnx import onnx_info
+from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.checkpoints import DamagedCheckpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.failures import writing
+from pipelines.run_dir import CONFIG_FILE
+from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import restore_model
 
 _SUFFIX_FORMATS = {suffix: format for format, suffix in SUFFIXES.items()}
@@ -134,6 +140,33 @@ def check_out_path(path, format=None, overwrite=False, flag="--out"):
     return format
 
 
+def check_outside_runs(path, run_dir, flag="--out"):
+    """Raises `UsageError` when `path` is, or lies inside, a training run's
+    folder (`run_dir`, or any folder holding a run's `config.json` and
+    its `metrics.json` or `checkpoints/`): an
+    export never replaces a run's own files, nor writes among them.
+    Symbolic links are followed; nothing is written."""
+    real = os.path.realpath(os.fspath(path))
+    inside = os.path.realpath(os.fspath(run_dir))
+    folder = real
+    while True:
+        if folder == inside or _is_run_folder(folder):
+            raise UsageError(
+                f"{flag} {path} is inside the run directory {folder}; "
+                "export to a path outside it"
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
+
+
+def _is_run_folder(folder):
+    return os.path.isfile(os.path.join(folder, CONFIG_FILE)) and (
+        os.path.isfile(os.path.join(folder, METRICS_FILE))
+        or os.path.isdir(os.path.join(folder, CHECKPOINT_DIR)))
+
+
 def export_run(run_dir, path, format=None, overwrite=False):
     """Exports the model of the training run in `run_dir` to `path`.
 
@@ -165,6 +198,7 @@ def export_run(run_dir, path, format=None, overwrite=False):
     format = check_out_path(path, format, overwrite)
     if not os.path.isdir(run_dir):
         raise UsageError(f"--logdir {run_dir} is not a directory")
+    check_outside_runs(path, run_dir)
     if format != "keras" and keras.backend.backend() != "tensorflow":
         return _export_in_tensorflow(run_dir, path, format, overwrite)
     model = _restore(run_dir)

@@ -17,6 +17,7 @@ line naming the flag. Defaults in the help come from the dataclass and
 import argparse
 import json
 
+from keras_attention.files import path_problem
 from keras_attention.tasks import TASK_NAMES
 from pipelines.config_checks import flag
 from pipelines.config import SETTINGS
@@ -91,11 +92,12 @@ def _add(group, name, declared, axis=None, as_list=None):
     if declared.choices is not None:
         metavar = "{" + ",".join(declared.choices) + "}"
     convert = _TYPES.get(value_types(name))
-    aliases = declared.aliases
+    names = (option, *declared.aliases)
     if axis is not None:
-        convert, aliases = as_list(convert), (*aliases, *axis)
+        # The axis's own name first: argparse names a bad item by it.
+        convert, names = as_list(convert), (*axis, *names)
         help = (help or "") + "; a list V1,V2,... is an axis"
-    group.add_argument(option, *aliases, dest=name, default=None,
+    group.add_argument(*names, dest=name, default=None,
                        type=convert, metavar=metavar, help=help)
 
 
@@ -174,6 +176,9 @@ def load_config_file(path):
         UsageError: if the file cannot be read, is not JSON, is not an
             object, or has unknown keys.
     """
+    problem = path_problem(path) if path else None
+    if problem is not None:  # A pipe's `open` would wait for a writer.
+        raise UsageError(f"--config {path}: {problem}")
     try:
         with open(path) as handle:
             values = json.load(handle)

@@ -57,7 +57,8 @@ _SETTING_DEFAULTS = TrainConfig().to_dict()
 
 
 class Mismatch(NamedTuple):
-    """How a stored config differs from the wanted one.
+    """How a stored config differs from the wanted one: its first
+    difference, and the others.
 
     Attributes:
         name: the setting to name first: one the user gave or left at its
@@ -67,12 +68,15 @@ class Mismatch(NamedTuple):
         wanted: its value now.
         derived: `(name, stored, wanted)` of the derived settings that
             differ because `name` does.
+        others: the further differences, each a `Mismatch` (without
+            `others`), in name order.
     """
 
     name: str
     stored: object
     wanted: object
     derived: tuple = ()
+    others: tuple = ()
 
     def __str__(self):
         stored, wanted = _differences(self.stored, self.wanted)
@@ -83,7 +87,7 @@ class Mismatch(NamedTuple):
                 f"; {name}, derived from {self.name}: {stored!r} there, "
                 f"{wanted!r} now"
             )
-        return text
+        return "; ".join([text, *map(str, self.others)])
 
 
 def _differences(stored, wanted):
@@ -97,7 +101,8 @@ def _differences(stored, wanted):
 
 
 def config_mismatch(run_dir, config):
-    """The first way `run_dir/config.json` differs from `config`, or `None`.
+    """How `run_dir/config.json` differs from `config` (every difference,
+    the first one named first), or `None`.
 
     `RUNTIME_FIELDS` may differ, and so may `precision` when `config` asks
     for `"auto"` (the run stored what it resolved to). A setting the stored
@@ -139,20 +144,27 @@ def config_mismatch(run_dir, config):
     if not changed:
         return None
     origins = {name: config.sources.get(name, "") for name in changed}
-    given = [name for name in changed if not origins[name].startswith(_DERIVED)]
-    # The setting to name: a given one, or the one the derived ones follow;
+    # Each setting to name: a given one, or the one derived ones follow;
     # or, when that one is the same (the text task's files, whose contents
-    # changed), the derived one.
-    origin = (given[0] if given else origins[changed[0]][len(_DERIVED):])
-    if not given and stored.get(origin) == wanted.get(origin):
-        origin = changed[0]
-    return Mismatch(
-        origin, stored.get(origin), wanted.get(origin),
-        tuple(
+    # changed), the derived one itself.
+    named = []
+    for name in changed:
+        origin = (name if not origins[name].startswith(_DERIVED)
+                  else origins[name][len(_DERIVED):])
+        if stored.get(origin) == wanted.get(origin):
+            origin = name
+        if origin not in named:
+            named.append(origin)
+    # A setting the user gave comes first, as before the others.
+    named.sort(key=lambda name: name not in changed or origins[name]
+               .startswith(_DERIVED))
+    differences = [
+        Mismatch(origin, stored.get(origin), wanted.get(origin), tuple(
             (name, stored.get(name), wanted.get(name)) for name in changed
-            if origins[name] == _DERIVED + origin
-        ),
-    )
+            if name != origin and origins[name] == _DERIVED + origin))
+        for origin in named
+    ]
+    return differences[0]._replace(others=tuple(differences[1:]))
 
 
 def write_run_config(logdir, config, task):

@@ -29,6 +29,7 @@ from keras_attention.transformer_block import NORM_MODES
 from pipelines.backends import BACKENDS
 from pipelines.common import UsageError
 from pipelines.config_checks import boolean
+from pipelines.config_checks import layer_count
 from pipelines.config_checks import check_relations
 from pipelines.config_checks import check_setting_names
 from pipelines.config_checks import mode_or_number
@@ -162,7 +163,7 @@ class TrainConfig:
                            "{default})", positive_int, aliases=("--width",),
                            hparam=True)
     num_layers: int = setting(1, "model", "attention blocks (default: "
-                              "{default})", positive_int,
+                              "{default})", layer_count,
                               aliases=("--layers",), hparam=True)
     key_dim: int = setting(64, "model", "d_k, per-head query/key size "
                            "(default: {default})", positive_int, hparam=True)

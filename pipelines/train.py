@@ -154,7 +154,7 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
     # -------- settings: everything is checked before anything is written.
     config.validate()
     config, devices = open_run_devices(config)
-    check_memory(config, build_task(config).seq_len)
+    check_memory(config, build_task(config))
     check_resumable(config)
     finished = completed_metrics(config)  # Rerun: no byte of it changes.
     if finished is not None:

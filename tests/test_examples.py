@@ -192,11 +192,13 @@ def test_bad_flag_refused_before_training(name, flag, tmp_path, monkeypatch,
 
 # ---------------------------------------------------- the README's snippet
 def test_readme_snippet_runs(tmp_path, monkeypatch):
-    """The first code block of README.md, with the example's
-    `PositionEmbedding` and 64 sequences in place of 4096, writes the maps
-    of `multi_head_attention` under logs/train."""
+    """README.md's `fit` code block (the one with `AttentionMonitor(`),
+    with the example's `PositionEmbedding` and 64 sequences in place of
+    4096, writes the maps of `multi_head_attention` under logs/train."""
     readme = (EXAMPLES.parent / "README.md").read_text()
-    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    snippets = [block.split("```", 1)[0]
+                for block in readme.split("```python\n")[1:]]
+    snippet, = [block for block in snippets if "AttentionMonitor(" in block]
     assert len(snippet.splitlines()) <= 15
     assert "(4096, 8)" in snippet
     snippet = snippet.replace("(4096, 8)", "(64, 8)")

@@ -425,7 +425,8 @@ def test_export_model_rejects_bad_arguments_before_writing(model, tmp_path):
         (dict(path=str(tmp_path / "m.onnx")), 'a format="onnx" file'),
         (dict(path=str(tmp_path / "m.h5"), format="keras"), '".keras"'),
         (dict(path=str(taken), format="keras"), "overwrite=True"),
-        (dict(path=str(plain_dir), overwrite=True), "holds no SavedModel"),
+        (dict(path=str(plain_dir), overwrite=True),
+         "a directory without saved_model.pb, not a SavedModel directory"),
         (dict(path=str(blocker / "sub" / "m")), "not a directory"),
         (dict(path=""), "`path`"),
     ]
@@ -493,14 +494,16 @@ def test_cli_exports_a_checkpointed_run(run_dir, tmp_path, capsys):
     )
 
 
-def test_cli_refuses_existing_out_unless_overwrite(run_dir, tmp_path, capsys):
+def test_cli_refuses_existing_out_unless_overwrite(run_dir, model, tmp_path,
+                                                  capsys):
     out = tmp_path / "model.keras"
-    out.write_bytes(b"an older model")
+    model.save(str(out))  # An older model, of another architecture.
+    older = out.read_bytes()
     argv = ["export", "--logdir", run_dir["logdir"], "--out", str(out)]
     assert main(argv) == 2
     line = _one_error_line(capsys)
     assert "already exists" in line and "--overwrite" in line
-    assert out.read_bytes() == b"an older model"
+    assert out.read_bytes() == older
     assert os.listdir(tmp_path) == ["model.keras"]
     assert main(argv + ["--overwrite"]) == 0
     loaded = keras.saving.load_model(str(out), safe_mode=True)
@@ -510,6 +513,51 @@ def test_cli_refuses_existing_out_unless_overwrite(run_dir, tmp_path, capsys):
         np.asarray(loaded(tokens)), np.asarray(trained(tokens)), atol=1e-6
     )
     assert os.listdir(tmp_path) == ["model.keras"]
+
+
+def test_overwrite_replaces_only_a_model_of_the_same_kind(run_dir, tmp_path,
+                                                          capsys):
+    """`--overwrite` replaces a model of the format it writes, nothing else,
+    and never a run's own files (this run's or another's)."""
+    notes = tmp_path / "notes.keras"
+    notes.write_text("not a model")
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep me")
+    onnx_named = tmp_path / "other.onnx"
+    onnx_named.write_bytes(b"PK\x03\x04 a zip, not an ONNX graph")
+    tflite_named = tmp_path / "m.tflite"
+    tflite_named.write_bytes(b"\x00" * 16)
+    link = tmp_path / "link.keras"
+    link.symlink_to(run_dir["exported"])
+    other_run = tmp_path / "other_run"
+    other_run.mkdir()
+    (other_run / "config.json").write_text("{}")
+    (other_run / "metrics.json").write_text("{}")
+    own = os.path.join(run_dir["logdir"], "model.keras")
+    cases = [
+        (notes, "is a file of another kind, not a .keras model file"),
+        (folder, "is a directory without saved_model.pb, not a SavedModel "
+         "directory"),
+        (onnx_named, "is a file of another kind, not an ONNX model file"),
+        (tflite_named, "is a file of another kind, not a TFLite model file"),
+        (link, "is a symbolic link, not a .keras model file"),
+        (own, f"is inside the run directory {os.path.realpath(run_dir['logdir'])}"),
+        (other_run / "model.keras", "is inside the run directory "
+         f"{os.path.realpath(other_run)}"),
+    ]
+    before = {**_tree(str(tmp_path)), **_tree(run_dir["logdir"])}
+    for out, expected in cases:
+        assert main(["export", "--logdir", run_dir["logdir"], "--out",
+                     str(out), "--overwrite"]) == 2, out
+        assert expected in _one_error_line(capsys), out
+    assert {**_tree(str(tmp_path)), **_tree(run_dir["logdir"])} == before
+    # A .keras model is replaced by one.
+    assert main(["export", "--logdir", run_dir["logdir"], "--out",
+                 str(tmp_path / "fresh.keras")]) == 0
+    assert main(["export", "--logdir", run_dir["logdir"], "--out",
+                 str(tmp_path / "fresh.keras"), "--overwrite"]) == 0
+    capsys.readouterr()
 
 
 def test_cli_bad_run_dirs_formats_and_paths_exit_2(run_dir, tmp_path, capsys):

@@ -329,7 +329,8 @@ def test_cli_bad_onnx_exports_exit_2_and_write_nothing(tf_run, tmp_path,
 def test_failed_or_unconvertible_export_leaves_the_old_model(tmp_path,
                                                              monkeypatch):
     path = tmp_path / "model.onnx"
-    path.write_bytes(b"the served model")
+    # As an ONNX model begins (ir_version 7): `overwrite` replaces only one.
+    path.write_bytes(b"\x08\x07the served model")
     tokens = keras.Input((None,), dtype="int32")
     hidden = keras.layers.Embedding(VOCAB, 4)(tokens)
     model = keras.Model(tokens, keras.layers.Dense(VOCAB, "gelu")(hidden))
@@ -355,7 +356,7 @@ def test_failed_or_unconvertible_export_leaves_the_old_model(tmp_path,
                                          r"Erfc\)"):
         export_model(model, str(path), format="onnx", overwrite=True)
     assert os.listdir(tmp_path) == ["model.onnx"]
-    assert path.read_bytes() == b"the served model"
+    assert path.read_bytes() == b"\x08\x07the served model"
     untraceable = keras.Model(tokens, NeedsABatchSize()(model(tokens)))
     with pytest.raises(ValueError, match=r"cannot take dynamic shapes: "
                        r"tracing it with tokens of shape \(None, None\) "

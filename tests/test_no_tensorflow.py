@@ -40,10 +40,11 @@ _CHILD = textwrap.dedent("""
     if status == 0:
         logdir = sys.argv[sys.argv.index("--logdir") + 1]
         # .keras needs no TensorFlow; a SavedModel does: one line, exit 2.
+        # Beside the run: an export never writes among a run's files.
         assert main(["export", "--logdir", logdir, "--out",
-                     logdir + "/exported.keras"]) == 0
+                     logdir + "-exported.keras"]) == 0
         assert main(["export", "--logdir", logdir, "--out",
-                     logdir + "/saved"]) == 2
+                     logdir + "-saved"]) == 2
     sys.exit(status)
 """)
 
@@ -68,8 +69,8 @@ def test_jax_training_without_tensorflow_writes_readable_events(tmp_path):
         "TensorFlow, which is not installed (pip install tensorflow); "
         "--format keras exports without it"
     ], child.stderr[-3000:]
-    assert (logdir / "exported.keras").is_file()
-    assert not (logdir / "saved").exists()
+    assert (tmp_path / "run-exported.keras").is_file()
+    assert not (tmp_path / "run-saved").exists()
     metrics = json.loads((logdir / "metrics.json").read_text())
     assert metrics["backend"] == "jax" and metrics["steps"] == 12
     assert json.loads((logdir / "config.json").read_text())["backend"] == "jax"

@@ -47,6 +47,7 @@ BAD_FLAGS = [
     ("bench_train.py", ["--task", "nope"], "--task"),
     ("bench_export.py", ["--d-model", "30", "--heads", "4"], "--heads"),
     ("bench_train.py", ["--steps", "40", "--warmup", "40"], "--warmup"),
+    ("bench_callback.py", ["--update-freq", "0"], "--update-freq"),
     ("gpu_check.py", ["--stages", "layer,tpu"], "--stages"),
     ("gpu_check.py", ["--smoke", "--budget-s", "0"], "--budget-s"),
     ("gpu_check.py", [], "JAX sees no GPU"),  # this machine has none

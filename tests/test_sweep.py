@@ -68,12 +68,12 @@ def tiny_sweep(tmp_path_factory):
 @pytest.mark.parametrize("flags,named", [
     (["--learning-rates", "abc"], "--learning-rates"),
     # A bad item is refused as `train` refuses the single value.
-    (["--learning-rates", "0,1e-3"], "--learning-rate must be"),
+    (["--learning-rates", "0,1e-3"], "--learning-rates must be"),
     (["--learning-rates", "1e-3,1e-3"], "--learning-rates"),
-    (["--learning-rates", "nan"], "--learning-rate must be"),
-    (["--optimizers", "rmsprop"], "--optimizer must be one of"),
+    (["--learning-rates", "nan"], "--learning-rates must be"),
+    (["--optimizers", "rmsprop"], "--optimizers must be one of"),
     (["--arms", "scaled,bogus"], "--arms"),
-    (["--key-dims", "0"], "--key-dim must be"),
+    (["--key-dims", "0"], "--key-dims must be"),
     (["--seeds", "0"], "--seeds"),
     (["--jobs", "0"], "--jobs"),
     (["--preset", "huge"], "--preset"),

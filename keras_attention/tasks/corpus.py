@@ -46,6 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_attention.files import path_problem
+
 PAD_ID = 0
 UNKNOWN_ID = 1
 END_OF_FILE_ID = 2
@@ -169,7 +171,8 @@ def text_paths(text_files):
             found.append((os.path.basename(entry), entry))
         else:
             raise ValueError(
-                f"`text_files`: {entry}: no such file or directory (expected "
+                f"`text_files`: {entry}: "
+                f"{path_problem(entry) or 'not a regular file'} (expected "
                 "a UTF-8 text file or a directory of .txt files)."
             )
     return found
@@ -182,6 +185,9 @@ def read_text(path):
         ValueError: naming `path` when it cannot be read, is not UTF-8 or
             is empty.
     """
+    problem = path_problem(path)
+    if problem is not None:  # A pipe's `open` would wait for a writer.
+        raise ValueError(f"`text_files`: {path}: {problem}.")
     try:
         with open(path, "rb") as handle:
             data = handle.read()

@@ -17,7 +17,9 @@ with the preset between the task defaults and the config file:
 
 import argparse
 import os
+import re
 
+from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import parse_count
@@ -27,6 +29,7 @@ from pipelines.config import Layer
 from pipelines.config import resolve_config
 from pipelines.config_checks import SEED_LIMIT
 from pipelines.config_checks import flag
+from pipelines.devices import check_memory
 from pipelines.engine.plan import Grid
 from pipelines.engine.presets import ARM_SETTINGS
 from pipelines.engine.presets import ARMS
@@ -45,6 +48,11 @@ PLURALS = {"key_dim": ("--key-dims",),
 # A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
 # in a MemoryError building the list).
 MAX_SEEDS = 1000
+# The runs of one grid (the product of its axes' lengths and its arms):
+# more is a typo rather than an experiment (at a minute a run, 10000 runs
+# train a week on one machine), and planning and checking them takes time
+# and memory before anything starts (2000 runs in 0.17 s, measured).
+MAX_RUNS = 10000
 
 
 def _list_of(convert):
@@ -183,6 +191,28 @@ def _axes(args, preset):
     return axes, set(user)
 
 
+def axis_flag(name):
+    """The flag of axis `name`: `--key-dims`, `--num-layers`, `--seeds`."""
+    if name == "seed":
+        return "--seeds"
+    return PLURALS.get(name, (flag(name),))[0]
+
+
+def _check_size(axes, arms):
+    """Raises `UsageError` when the grid has more than `MAX_RUNS` runs."""
+    runs = len(arms)
+    for values in axes.values():
+        runs *= len(values)
+    if runs > MAX_RUNS:
+        lengths = ", ".join(f"{axis_flag(name)} {len(values)}"
+                            for name, values in axes.items())
+        raise UsageError(
+            f"the grid has {runs:,} runs ({len(arms)} arm(s) x {lengths}), "
+            f"more than {MAX_RUNS:,} (at a minute a run, a week of training); "
+            "give shorter axes"
+        )
+
+
 def plan_grid(args, command, presets, default_logdir, order=()):
     """Builds and checks the `Grid` of parsed grid flags.
 
@@ -205,11 +235,16 @@ def plan_grid(args, command, presets, default_logdir, order=()):
     logdir = args.logdir or default_logdir
     check_writable_directory(logdir, "--logdir")
     given = {name: values[-1] for name, values in axes.items() if name != "seed"}
-    base = resolve_config([preset_layer, *user,
-                           Layer(command, {"logdir": logdir, **given})])
+    try:
+        base = resolve_config([preset_layer, *user,
+                               Layer(command, {"logdir": logdir, **given})])
+    except UsageError as error:
+        raise _axis_wording(error, axes) from None
+    arms = parse_arms(args.arms) if args.arms else list(preset.arms)
+    _check_size(axes, arms)
     grid = Grid(
         command=command, logdir=logdir, base=base,
-        arms=parse_arms(args.arms) if args.arms else list(preset.arms),
+        arms=arms,
         axes=axes, preset=args.preset,
         # The preset's init-only values are its own: an axis the user gives
         # is trained at every value.
@@ -223,8 +258,34 @@ def plan_grid(args, command, presets, default_logdir, order=()):
     return grid
 
 
+def _axis_wording(error, axes):
+    """`error` (a `UsageError` of a run's setting) with each axis named by
+    its axis flag: a bad `--key-dims` item is `--key-dims`, not the
+    `--key-dim` of one run."""
+    message = str(error)
+    for name in axes:
+        if name != "seed" and axis_flag(name) != flag(name):
+            message = re.sub(re.escape(flag(name)) + r"(?![\w-])",
+                             axis_flag(name), message)
+    return UsageError(message)
+
+
 def check_runs(grid):
-    """Validates every run's own config (`UsageError` naming the flag)."""
-    for run in grid.runs():
-        run.config.validate()
+    """Validates every run's own config, and that each trained run fits in
+    this machine's memory (`UsageError` naming the flag, an axis by its
+    axis flag)."""
+    tasks = {}
+    try:
+        for run in grid.runs():
+            run.config.validate()
+            if not run.trained:
+                continue
+            # Each trained run fits this machine, as `train` checks: a
+            # grid is refused before its first run, not in the middle.
+            options = repr(sorted(run.config.task_options().items()))
+            if options not in tasks:
+                tasks[options] = build_task(run.config)
+            check_memory(run.config, tasks[options])
+    except UsageError as error:
+        raise _axis_wording(error, grid.axes) from None
     return grid

@@ -153,7 +153,7 @@ _LENGTH = dict(_COMPARISON, optimizer="adam", learning_rate=3e-3,
                eval_every=100, diagnostics_every=500, checkpoint_every=500)
 
 COMPARE_PRESETS = {
-    # The README's demo: init statistics at four d_k (cheap), training at
+    # The demo in docs/experiments.md: init statistics at four d_k (cheap), training at
     # the largest with three seeds.
     "default": Preset(
         task="recall",

@@ -17,6 +17,8 @@ import time
 
 from keras_attention.events import SummaryWriter
 from pipelines.common import UsageError
+from pipelines.engine.identity import check_grid_folder
+from pipelines.engine.identity import write_identity
 from pipelines.engine.progress import Progress
 from pipelines.engine.runner import PENDING_DIR
 from pipelines.engine.runner import in_runner_order
@@ -36,6 +38,28 @@ def check_run_directory(run):
         raise UsageError(
             f"{run.config.logdir} holds a run with a different config "
             f"({mismatch}); use a new --logdir"
+        )
+
+
+def check_grid(grid):
+    """Raises `UsageError` unless `grid` may run on its folder as it is:
+    the folder holds no other grid and is not a training run's, no run
+    folder holds another run, and for `--report-only` the folder exists
+    and holds a finished run of the plan. Reads only."""
+    if grid.report_only and not os.path.isdir(grid.logdir):
+        raise UsageError(
+            f"--report-only: --logdir {grid.logdir} is not a folder; it "
+            "reports on the finished runs of one, and creates none"
+        )
+    check_grid_folder(grid)
+    for run in grid.trained_runs():
+        check_run_directory(run)
+    if grid.report_only and not any(
+            is_complete(run) for run in grid.trained_runs()):
+        raise UsageError(
+            f"--report-only: none of the {len(grid.trained_runs())} runs of "
+            f"this plan in --logdir {grid.logdir} is finished; train them "
+            "first (without --report-only)"
         )
 
 
@@ -101,14 +125,22 @@ def run_grid(grid, report, log=print):
     """
     # Refused before any lock is taken: a refused rerun leaves `.lock` (and
     # the pid in it) as it was.
-    for run in grid.trained_runs():
-        check_run_directory(run)
+    check_grid(grid)
     if grid.shard.source is None and not grid.report_only:
         with owning_logdir(grid.logdir):
+            # Again under the lock: another process may have begun a grid
+            # here since.
+            check_grid_folder(grid)
+            write_identity(grid)
             return _report(grid, report, _train(grid, log), log)
+    if not grid.report_only:
+        write_identity(grid)
     timing = None if grid.report_only else _train(grid, log)
     try:
         with owning_logdir(grid.logdir):
+            if grid.report_only:
+                # A folder an older version or a shard left is adopted.
+                write_identity(grid)
             return _report(grid, report, timing, log)
     except RunDirectoryBusy:
         if grid.report_only:
