@@ -18,6 +18,7 @@ import time
 from keras_attention.events import SummaryWriter
 from pipelines.common import UsageError
 from pipelines.engine.progress import Progress
+from pipelines.engine.reuse import shape_key
 from pipelines.engine.runner import PENDING_DIR
 from pipelines.engine.runner import in_runner_order
 from pipelines.engine.runner import train_runs
@@ -59,8 +60,13 @@ def _train(grid, log):
     pending = os.path.join(grid.logdir, PENDING_DIR)
     if grid.shard.source is not None:
         pending = os.path.join(pending, f"shard{grid.shard.index}")
+    first_of_shape = {}
+    for run in todo:
+        first_of_shape.setdefault(shape_key(run.config), run.name)
     progress = Progress({run.name: run.config.steps for run in todo},
-                        len(runs), log)
+                        len(runs), log, builds=first_of_shape.values(),
+                        workers=min(grid.jobs, len(first_of_shape)) or 1)
+    progress.begin()
     trained = train_runs(todo, grid.jobs, pending, progress)
     trained.update(skipped=len(runs) - len(todo),
                    train_wall_time_s=time.time() - started)
