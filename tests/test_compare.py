@@ -147,6 +147,40 @@ def test_writes_every_output_with_the_schema(comparison):
     assert "| final held-out accuracy |" in stdout
 
 
+def test_prints_each_verdict_with_its_claim_and_the_deciding_figure(
+        comparison):
+    _, stdout, document = comparison
+    verdicts = [line for line in stdout.splitlines()
+                if line.startswith("Claim ")]
+    claims = document["claims"]
+    ratio = claims["1"]["score_std_ratios"][-1]
+    entropy = claims["2"]["entropy"][-1]
+    gap = claims["3"]["by_key_dim"][-1]
+    words = {True: "holds", False: "not supported"}
+    assert verdicts == [
+        f"Claim 1 (Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it "
+        f"to 1): {words[claims['1']['holds']]}: unscaled/scaled score std at "
+        f"init {ratio['ratio']:.2f} at d_k {TRAINED_KEY_DIM} (√d_k = 4.00)",
+        f"Claim 2 (Unscaled scores saturate the softmax, more so as d_k "
+        f"grows): {words[claims['2']['holds']]}: normalized entropy at init "
+        f"at d_k {TRAINED_KEY_DIM}: scaled "
+        f"{entropy['scaled_entropy_normalized']:.2f}, unscaled "
+        f"{entropy['unscaled_entropy_normalized']:.2f}",
+        f"Claim 3 (In saturation gradients vanish and learning stalls): "
+        f"{words[claims['3']['holds']]}: at d_k {TRAINED_KEY_DIM}, scaled "
+        f"minus unscaled final accuracy "
+        f"{gap['accuracy_difference'][0]:+.2f}; target 0.9 reached on "
+        f"{gap['scaled_reached']}/1 scaled, {gap['unscaled_reached']}/1 "
+        "unscaled seeds",
+    ]
+
+
+def test_output_to_a_file_has_no_control_characters(comparison):
+    _, stdout, _ = comparison
+    assert "building and compiling" in stdout
+    assert not set(stdout) & {"\r", "\x1b", "\x08"}
+
+
 def test_report_numbers_equal_event_files_and_json(comparison):
     logdir, _, document = comparison
     report = open(os.path.join(logdir, "comparison.md")).read()

@@ -100,7 +100,8 @@ from pipelines.compare.series import figure_data
 from pipelines.compare.tensorboard import EXPERIMENT_METRICS
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
-from pipelines.compare.verdicts import status_word
+from pipelines.compare.verdicts import STATEMENTS
+from pipelines.compare.verdicts import verdict_line
 from pipelines.engine import COMPARE_PRESETS as PRESETS
 from pipelines.engine import add_grid_arguments
 from pipelines.engine import check_runs
@@ -206,10 +207,9 @@ def summary_text(plan, document):
             *key_dim_table(plan, results, key_dim),
             "",
         ]
-    for number in ("1", "2", "3", "4", "5"):
-        if number in claims:
-            lines.append(
-                f"Claim {number}: {status_word(claims[number]['holds'])}")
+    lines += [verdict_line(number, claims[number],
+                           plan.base.target_accuracy)
+              for number in STATEMENTS if number in claims]
     return "\n".join(lines)
 
 
