@@ -59,6 +59,7 @@ from pipelines.run_dir import restore_model
 from pipelines.run_dir import save_model
 from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
+from pipelines.step_display import StepDisplay
 from pipelines.steps import build_parts
 from pipelines.steps import eval_batch_size
 from pipelines.steps import make_diagnose
@@ -153,6 +154,11 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
     start_time = time.time()
     # -------- settings: everything is checked before anything is written.
     config.validate()
+    if config.verbose:
+        # A text task scans its corpus (about 20 s), and the first step
+        # waits for tracing and compiling.
+        print(f"preparing the {config.task} task and compiling the model "
+              "(the first step waits for it)", flush=True)
     config, devices = open_run_devices(config)
     check_memory(config, build_task(config).seq_len)
     check_resumable(config)
@@ -219,12 +225,8 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
     # -------- the loop.
     progress = _Progress.resumed(logs.eval.previous, start_step)
-    progbar = keras.utils.Progbar(
-        steps,
-        verbose=config.verbose if chief else 0,
-        stateful_metrics=["loss", "accuracy", "heldout_accuracy", "steps/s"],
-        unit_name="step",
-    )
+    progbar = StepDisplay(steps, config.verbose if chief else 0,
+                          config.log_every)
     progbar.update(min(start_step, steps))
     if start_step == 0:
         progress.evaluated(0, *evaluate(), logs.eval)

@@ -1,0 +1,52 @@
+"""What the commands print when their output is a file, not a terminal."""
+
+import contextlib
+import io
+import re
+
+from pipelines.cli import main
+from pipelines.step_display import StepDisplay
+
+TINY_TRAIN = ["train", "--task", "recall", "--num-pairs", "4", "--num-keys",
+              "8", "--num-values", "4", "--d-model", "16", "--key-dim", "8",
+              "--batch-size", "16", "--heldout-size", "64", "--probe-size",
+              "8", "--jit-compile", "off", "--eval-every", "30"]
+# Carriage return, backspace, escape (colour codes), and the other C0
+# controls but the newline.
+CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def test_train_to_a_file_writes_plain_lines(tmp_path):
+    log = tmp_path / "train.log"
+    with open(log, "w") as handle, contextlib.redirect_stdout(handle):
+        status = main([*TINY_TRAIN, "--steps", "60", "--log-every", "5",
+                       "--logdir", str(tmp_path / "run")])
+    assert status == 0
+    data = log.read_bytes()
+    assert CONTROL.search(data) is None, CONTROL.search(data)
+    lines = data.decode().splitlines()
+    # Said before the task, model and compile, which the first step waits on.
+    assert lines[0].startswith("preparing the recall task")
+    # 60 steps in log windows of 5: a line every 5 steps (at most 20 lines).
+    steps = [int(m.group(1)) for m in map(re.compile(r"step (\d+)/60: loss ")
+                                          .match, lines) if m]
+    assert steps == list(range(5, 61, 5))
+    assert lines[-2].startswith("step 60/60: heldout_accuracy ")
+    assert lines[-1].startswith("held-out accuracy ")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_step_display_spaces_plain_lines_and_keeps_the_bar_on_a_terminal():
+    plain = io.StringIO()
+    display = StepDisplay(1000, verbose=1, log_every=10, stream=plain)
+    for step in range(10, 1001, 10):
+        display.update(step, [("loss", 1.0)])
+    shown = plain.getvalue().splitlines()
+    # 1000 steps: a line every 50 (1000 / 20 lines, on a log window).
+    assert shown[0] == "step 50/1000: loss 1" and len(shown) == 20
+    assert StepDisplay(1000, 0, 10, stream=plain).progbar.verbose == 0
+    assert StepDisplay(1000, 1, 10, stream=_Terminal()).progbar.verbose == 1
