@@ -10,9 +10,9 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
     DIR/model.keras        the trained model
     DIR/metrics.json       held-out loss/accuracy, steps, wall time, examples/s,
                            steps to target, diagnostics at step 0 and end
-    DIR/events.*           config (text), HParams, steps_to_target
     DIR/train/events.*     loss, accuracy, learning_rate, steps/s, examples/s
-    DIR/eval/events.*      held-out loss and accuracy (text: bits per
+    DIR/validation/events.*  config (text), HParams, steps_to_target,
+                           held-out loss and accuracy (text: bits per
                            character and the unigram baseline), the attention
                            diagnostics: attention/<layer>/... (heat maps,
                            entropy, max weight, saturation, score std) and
@@ -204,7 +204,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     if chief:
         write_run_config(logdir, config, task)
     logs = open_run_logs(logdir, chief)
-    write_run_header(logs.root, config, hparams_experiment)
+    write_run_header(logs.eval, config, hparams_experiment)
 
     # -------- data: every step's global batch is a function of (seed, step);
     # this process feeds its rows of it.
@@ -277,7 +277,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     steps_to_target = next((s for s, accuracy in progress.history
                             if accuracy >= config.target_accuracy), None)
     if steps_to_target is not None and chief:
-        logs.root.scalars({"steps_to_target": float(steps_to_target)}, step)
+        logs.eval.scalars({"steps_to_target": float(steps_to_target)}, step)
     for writer in logs:
         writer.close()
 

@@ -2,7 +2,10 @@
 
 import contextlib
 import io
+import os
 import re
+
+from tensorboard.backend.event_processing import plugin_event_multiplexer
 
 from pipelines.cli import main
 from pipelines.step_display import StepDisplay
@@ -16,7 +19,7 @@ TINY_TRAIN = ["train", "--task", "recall", "--num-pairs", "4", "--num-keys",
 CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]")
 
 
-def test_train_to_a_file_writes_plain_lines(tmp_path):
+def test_train_to_a_file_writes_plain_lines(tmp_path, capsys):
     log = tmp_path / "train.log"
     with open(log, "w") as handle, contextlib.redirect_stdout(handle):
         status = main([*TINY_TRAIN, "--steps", "60", "--log-every", "5",
@@ -33,6 +36,19 @@ def test_train_to_a_file_writes_plain_lines(tmp_path):
     assert steps == list(range(5, 61, 5))
     assert lines[-2].startswith("step 60/60: heldout_accuracy ")
     assert lines[-1].startswith("held-out accuracy ")
+    # TensorBoard lists the run as Keras's callback would: train and
+    # validation, nothing at its root.
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path / "run"))
+    assert set(multiplexer.Runs()) == {"train", "validation"}
+    # A run of the earlier layout (held-out events in eval/) is refused in
+    # one line, not resumed without its held-out history.
+    os.rename(tmp_path / "run" / "validation", tmp_path / "run" / "eval")
+    capsys.readouterr()
+    assert main([*TINY_TRAIN, "--steps", "80", "--log-every", "5",
+                 "--logdir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "held-out events are in eval/" in err[0], err
 
 
 class _Terminal(io.StringIO):

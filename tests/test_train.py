@@ -302,7 +302,7 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
 
     # Held-out scalars and diagnostics at step 0 and every 10 steps; tags
     # name the layer.
-    eval_tags = read_event_scalars(str(run_dir / "eval"))
+    eval_tags = read_event_scalars(str(run_dir / "validation"))
     assert sorted(eval_tags["accuracy"]) == [0, 10, 20]
     for tag in (
         "attention/attention_0/score_std",
@@ -465,7 +465,7 @@ def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
     # run's event files: one continuous curve.
     for sub, tag, steps in (
         ("train", "loss", range(1, 151)),
-        ("eval", "accuracy", range(0, 151, 25)),
+        ("validation", "accuracy", range(0, 151, 25)),
     ):
         seen = []
         directory = killed_dir / sub
@@ -492,7 +492,7 @@ def test_heatmap_images_come_every_heatmap_every_steps(tmp_path, tiny_config):
     train(tiny_config(steps=20, eval_every=20, diagnostics_every=5,
                       heatmap_every=10, checkpoint_every=20,
                       logdir=str(run_dir)))
-    eval_tags = read_event_scalars(str(run_dir / "eval"))
+    eval_tags = read_event_scalars(str(run_dir / "validation"))
     assert sorted(eval_tags["attention/attention_0/score_std"]) == [
         0, 5, 10, 15, 20]
     assert sorted(eval_tags["attention/attention_0/heatmap/head0"]) == [

@@ -123,6 +123,8 @@ def run_grid(grid, report, log=print):
         return None
 
 
+# The TensorBoard run of a grid's HParams experiment, under its logdir.
+EXPERIMENT_DIR = "experiment"
 # The HParams every grid declares besides its axes (any value): what an arm
 # sets, and what tells two grids apart.
 _OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
@@ -130,15 +132,18 @@ _OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
 
 
 def write_grid_experiment(grid, metrics):
-    """Declares the grid's HParams experiment at its root (replacing the one
-    an earlier invocation wrote): the arms and every axis (its trained
+    """Declares the grid's HParams experiment in the TensorBoard run
+    `experiment` (`EXPERIMENT_DIR`: events at the root would make TensorBoard
+    list a run named "."), replacing the one an earlier invocation wrote: the arms and every axis (its trained
     values), so the parallel-coordinates view shows the whole grid.
 
     Args:
         grid: the `Grid`.
         metrics: `(tag, group, display_name)` of the report's metrics.
     """
-    for path in glob.glob(os.path.join(grid.logdir, "events.out.tfevents.*")):
+    directory = os.path.join(grid.logdir, EXPERIMENT_DIR)
+    for path in glob.glob(os.path.join(glob.escape(directory),
+                                       "events.out.tfevents.*")):
         os.remove(path)
     hparams = {"arm": list(grid.arms)}
     for name in grid.axes:
@@ -148,5 +153,5 @@ def write_grid_experiment(grid, metrics):
                          else list(values))
     hparams.update({name: None for name in _OTHER_HPARAMS
                     if name not in hparams})
-    with SummaryWriter(grid.logdir) as writer:
+    with SummaryWriter(directory) as writer:
         write_experiment(writer, hparams, metrics)
