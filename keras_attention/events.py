@@ -97,9 +97,7 @@ class SummaryWriter:
 
     Args:
         logdir: the directory of the run; made if missing.
-        filename_suffix: ends the event file's name (as TensorFlow's
-            writer's does): a writer that replaces its own earlier file
-            finds it by it.
+        filename_suffix: ends the file's name (marks a file to replace).
 
     Attributes:
         logdir: the directory.

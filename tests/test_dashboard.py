@@ -376,7 +376,8 @@ def page(browser, server, screenshots):
     return dashboard
 
 
-RUN_A, RUN_B = "scaled-dk16-seed0/validation", "unscaled-dk16-seed0/validation"
+RUN_A = "scaled-dk16-seed0/validation"
+RUN_B = "unscaled-dk16-seed0/validation"
 TAG = summary_tag("attention_0")
 
 
