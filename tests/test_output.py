@@ -56,13 +56,27 @@ class _Terminal(io.StringIO):
         return True
 
 
+class _Clock:
+    def __init__(self, now):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
 def test_step_display_spaces_plain_lines_and_keeps_the_bar_on_a_terminal():
-    plain = io.StringIO()
-    display = StepDisplay(1000, verbose=1, log_every=10, stream=plain)
+    plain, clock = io.StringIO(), _Clock(0.0)
+    display = StepDisplay(1000, verbose=1, log_every=10, stream=plain,
+                          clock=clock)
+    # The first log window comes after tracing and compiling (20 s), then
+    # one every second: 95 s are left at step 50.
+    clock.now = 20.0
     for step in range(10, 1001, 10):
         display.update(step, [("loss", 1.0)])
+        clock.now += 1.0
     shown = plain.getvalue().splitlines()
     # 1000 steps: a line every 50 (1000 / 20 lines, on a log window).
-    assert shown[0] == "step 50/1000: loss 1" and len(shown) == 20
+    assert shown[0] == "step 50/1000: loss 1; about 1 min 35 s left"
+    assert len(shown) == 20 and shown[-1] == "step 1000/1000: loss 1"
     assert StepDisplay(1000, 0, 10, stream=plain).progbar.verbose == 0
     assert StepDisplay(1000, 1, 10, stream=_Terminal()).progbar.verbose == 1

@@ -19,15 +19,7 @@ Until two reports have come, the line says "estimating".
 import sys
 import time
 
-
-def duration_text(seconds):
-    """`"45 s"`, `"3 min 20 s"`, `"2 h 05 min"`."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds // 60 % 60:02d} min"
+from pipelines.step_display import duration_text
 
 
 class Progress:
