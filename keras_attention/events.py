@@ -97,6 +97,7 @@ class SummaryWriter:
 
     Args:
         logdir: the directory of the run; made if missing.
+        filename_suffix: ends the file's name (marks a file to replace).
 
     Attributes:
         logdir: the directory.
@@ -114,12 +115,12 @@ class SummaryWriter:
     ```
     """
 
-    def __init__(self, logdir):
+    def __init__(self, logdir, filename_suffix=""):
         logdir = os.fspath(logdir)
         os.makedirs(logdir, exist_ok=True)
         name = (f"events.out.tfevents.{int(time.time()):010d}."
                 f"{socket.gethostname()}.{os.getpid()}."
-                f"{next(_FILE_NUMBERS)}")
+                f"{next(_FILE_NUMBERS)}{filename_suffix}")
         self.logdir = logdir
         self.path = os.path.join(logdir, name)
         # Unbuffered: each record is written by this call, whole or not at

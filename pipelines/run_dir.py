@@ -5,7 +5,9 @@
     DIR/metrics.json    the run's results (`METRICS_FILE`)
     DIR/model.keras     the trained model (`MODEL_FILE`)
     DIR/checkpoints/    the checkpoints (`pipelines.checkpoints`)
-    DIR/train/, eval/   event files (`TRAIN_LOGS`, `EVAL_LOGS`)
+    DIR/train/          event files of the training steps (`TRAIN_LOGS`)
+    DIR/validation/     event files of the held-out evaluation and the
+                        diagnostics, the config and HParams (`EVAL_LOGS`)
 
     DIR/.lock           held by the one process writing the run (`locks`)
 
@@ -46,8 +48,13 @@ CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.keras"
+# Keras's names (its TensorBoard callback's): TensorBoard lists each trained
+# run as `<run>/train` and `<run>/validation`, nothing else.
 TRAIN_LOGS = "train"
-EVAL_LOGS = "eval"
+EVAL_LOGS = "validation"
+# Where held-out events went before: a run written so is refused, not
+# resumed or reported without its held-out curves.
+EARLIER_EVAL_LOGS = "eval"
 
 _DERIVED = "derived from "
 # A setting missing from a stored config is newer than the run, which ran
@@ -118,11 +125,17 @@ def config_mismatch(run_dir, config):
         A `Mismatch`, or `None` when there is no stored config or it agrees.
 
     Raises:
-        UsageError: when the stored config cannot be read.
+        UsageError: when the stored config cannot be read, or the run was
+            written by an earlier version (its held-out events in `eval/`).
     """
     path = os.path.join(run_dir, CONFIG_FILE)
     if not os.path.exists(path):
         return None
+    if os.path.isdir(os.path.join(run_dir, EARLIER_EVAL_LOGS)):
+        raise UsageError(
+            f"--logdir {run_dir} holds a run of an earlier version (its "
+            f"held-out events are in {EARLIER_EVAL_LOGS}/, not "
+            f"{EVAL_LOGS}/); use a new --logdir")
     try:
         with open(path) as handle:
             stored = json.load(handle)

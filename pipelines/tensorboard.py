@@ -27,11 +27,12 @@ from pipelines.settings import value_types
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import TRAIN_LOGS
 
-# The HParams metrics of one training run: held-out numbers in `eval/`,
-# steps_to_target in the run's root.
+# The HParams metrics of one training run, all in `validation/`, where its
+# HParams session is: TensorBoard looks a metric up in the session's run
+# and below (`<session>/<group>`), so the session cannot sit beside them.
 RUN_METRICS = (
-    ("accuracy", EVAL_LOGS, "heldout_accuracy"),
-    ("loss", EVAL_LOGS, "heldout_loss"),
+    ("accuracy", None, "heldout_accuracy"),
+    ("loss", None, "heldout_loss"),
     ("steps_to_target", None, "steps_to_target"),
 )
 
@@ -144,9 +145,12 @@ class DiscardingWriter:
 
 
 class RunLogs(NamedTuple):
-    """A run's three event directories: its root, `train/` and `eval/`."""
+    """A run's two event directories, TensorBoard's two runs of it, as
+    Keras's `TensorBoard` callback names them: `train/` (the steps) and
+    `validation/` (held-out evaluation, diagnostics, the config and
+    HParams, steps_to_target). Nothing is written at the run's root, which
+    TensorBoard would list as a third run."""
 
-    root: LogWriter
     train: LogWriter
     eval: LogWriter
 
@@ -154,10 +158,28 @@ class RunLogs(NamedTuple):
 def open_run_logs(logdir, is_chief):
     """The `RunLogs` of the run directory `logdir`."""
     return RunLogs(
-        LogWriter(logdir, is_chief),
         LogWriter(os.path.join(logdir, TRAIN_LOGS), is_chief),
         LogWriter(os.path.join(logdir, EVAL_LOGS), is_chief),
     )
+
+
+def write_end_metrics(run_dir, values, step, suffix):
+    """Writes a grid's `{tag: value}` end metrics of one run at `step`, in
+    the run's `validation/` (beside its HParams session), in an event file
+    of their own, ending in `suffix`, that replaces the one an earlier
+    report wrote: a rerun never duplicates them.
+
+    Raises:
+        OSError: when a write is refused.
+    """
+    directory = os.path.join(run_dir, EVAL_LOGS)
+    pattern = os.path.join(glob.escape(directory),
+                           "events.out.tfevents.*" + suffix)
+    for path in glob.glob(pattern):
+        os.remove(path)
+    with SummaryWriter(directory, filename_suffix=suffix) as writer:
+        for tag, value in values.items():
+            writer.scalar(tag, float(value), int(step))
 
 
 # ------------------------------------------------------------------ HParams
@@ -202,8 +224,9 @@ def write_experiment(writer, hparams, metrics):
 
 
 def write_run_header(writer, config, hparams_experiment=True):
-    """The config as text and as HParams, at step 0 of a run's root
-    `LogWriter` (once: a resumed run does not write it again)."""
+    """The config as text and as HParams, at step 0 of a run's
+    `validation/` `LogWriter` (once: a resumed run does not write it
+    again)."""
     if not writer.wants(0):
         return
     hparams = hparams_of(config)

@@ -10,9 +10,9 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
     DIR/model.keras        the trained model
     DIR/metrics.json       held-out loss/accuracy, steps, wall time, examples/s,
                            steps to target, diagnostics at step 0 and end
-    DIR/events.*           config (text), HParams, steps_to_target
     DIR/train/events.*     loss, accuracy, learning_rate, steps/s, examples/s
-    DIR/eval/events.*      held-out loss and accuracy (text: bits per
+    DIR/validation/events.*  config (text), HParams, steps_to_target,
+                           held-out loss and accuracy (text: bits per
                            character and the unigram baseline), the attention
                            diagnostics: attention/<layer>/... (heat maps,
                            entropy, max weight, saturation, score std) and
@@ -59,6 +59,7 @@ from pipelines.run_dir import restore_model
 from pipelines.run_dir import save_model
 from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
+from pipelines.step_display import StepDisplay
 from pipelines.steps import build_parts
 from pipelines.steps import eval_batch_size
 from pipelines.steps import make_diagnose
@@ -153,6 +154,11 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
     start_time = time.time()
     # -------- settings: everything is checked before anything is written.
     config.validate()
+    if config.verbose:
+        # A text task scans its corpus (about 20 s), and the first step
+        # waits for tracing and compiling.
+        print(f"preparing the {config.task} task and compiling the model "
+              "(the first step waits for it)", flush=True)
     config, devices = open_run_devices(config)
     check_memory(config, build_task(config))
     check_resumable(config)
@@ -198,7 +204,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     if chief:
         write_run_config(logdir, config, task)
     logs = open_run_logs(logdir, chief)
-    write_run_header(logs.root, config, hparams_experiment)
+    write_run_header(logs.eval, config, hparams_experiment)
 
     # -------- data: every step's global batch is a function of (seed, step);
     # this process feeds its rows of it.
@@ -219,12 +225,8 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
     # -------- the loop.
     progress = _Progress.resumed(logs.eval.previous, start_step)
-    progbar = keras.utils.Progbar(
-        steps,
-        verbose=config.verbose if chief else 0,
-        stateful_metrics=["loss", "accuracy", "heldout_accuracy", "steps/s"],
-        unit_name="step",
-    )
+    progbar = StepDisplay(steps, config.verbose if chief else 0,
+                          config.log_every)
     progbar.update(min(start_step, steps))
     if start_step == 0:
         progress.evaluated(0, *evaluate(), logs.eval)
@@ -275,7 +277,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     steps_to_target = next((s for s, accuracy in progress.history
                             if accuracy >= config.target_accuracy), None)
     if steps_to_target is not None and chief:
-        logs.root.scalars({"steps_to_target": float(steps_to_target)}, step)
+        logs.eval.scalars({"steps_to_target": float(steps_to_target)}, step)
     for writer in logs:
         writer.close()
 

@@ -32,6 +32,8 @@ from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.config import TrainConfig
 from pipelines.run_dir import CONFIG_FILE
+from pipelines.run_dir import EARLIER_EVAL_LOGS
+from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import restore_model
 from pipelines.tensorboard import read_event_scalars
 
@@ -120,7 +122,10 @@ def main(argv):
         fail(PROG, str(error), 2)
     examples = min(args.examples, config.heldout_size)
     finals = final_scores(model, task, examples, min(args.batch, examples))
-    logged = read_event_scalars(os.path.join(args.logdir, "eval"))
+    # A run of an earlier version kept its held-out events in eval/.
+    logged = (read_event_scalars(os.path.join(args.logdir, EVAL_LOGS))
+              or read_event_scalars(os.path.join(args.logdir,
+                                                 EARLIER_EVAL_LOGS)))
     rows, report = [], {}
     for pattern in text_patterns.PATTERNS:
         if pattern not in finals:

@@ -331,8 +331,8 @@ def test_a_tiny_comparison_over_depth(tmp_path):
                                  - accuracy["unscaled", 1]])
     assert document["slice"] == {"num_layers": 1}
     # Depth over TensorBoard's step axis.
-    scalars = read_event_scalars(os.path.join(logdir, "depth", "unscaled"))
-    assert scalars["final/accuracy"] == pytest.approx(
+    scalars = read_event_scalars(os.path.join(logdir, "depth"))
+    assert scalars["final/accuracy/unscaled"] == pytest.approx(
         {1: accuracy["unscaled", 1], 2: accuracy["unscaled", 2]})
     # Claim 5 from the one-layer runs, evaluated at 3 and 6 pairs.
     rows = document["claims"]["5"]["extrapolation"]["rows"]

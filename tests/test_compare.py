@@ -22,6 +22,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import plugin_event_multiplexer
 
 from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
@@ -119,7 +120,7 @@ def test_writes_every_output_with_the_schema(comparison):
         )
         for name in ("config.json", "metrics.json", "model.keras"):
             assert os.path.exists(os.path.join(run_dir, name)), name
-        for name in ("checkpoints", "train", "eval", "compare"):
+        for name in ("checkpoints", "train", "validation"):
             assert os.path.isdir(os.path.join(run_dir, name)), name
     assert sorted(
         (r["arm"], r["key_dim"]) for r in document["init_only"]
@@ -147,6 +148,69 @@ def test_writes_every_output_with_the_schema(comparison):
     assert "| final held-out accuracy |" in stdout
 
 
+def test_prints_each_verdict_with_its_claim_and_the_deciding_figure(
+        comparison):
+    _, stdout, document = comparison
+    verdicts = [line for line in stdout.splitlines()
+                if line.startswith("Claim ")]
+    claims = document["claims"]
+    ratio = claims["1"]["score_std_ratios"][-1]
+    entropy = claims["2"]["entropy"][-1]
+    gap = claims["3"]["by_key_dim"][-1]
+    words = {True: "holds", False: "not supported"}
+    assert verdicts == [
+        f"Claim 1 (Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it "
+        f"to 1): {words[claims['1']['holds']]}: unscaled/scaled score std at "
+        f"init {ratio['ratio']:.2f} at d_k {TRAINED_KEY_DIM} (√d_k = 4.00)",
+        f"Claim 2 (Unscaled scores saturate the softmax, more so as d_k "
+        f"grows): {words[claims['2']['holds']]}: normalized entropy at init "
+        f"at d_k {TRAINED_KEY_DIM}: scaled "
+        f"{entropy['scaled_entropy_normalized']:.2f}, unscaled "
+        f"{entropy['unscaled_entropy_normalized']:.2f}",
+        f"Claim 3 (In saturation gradients vanish and learning stalls): "
+        f"{words[claims['3']['holds']]}: at d_k {TRAINED_KEY_DIM}, scaled "
+        f"minus unscaled final accuracy "
+        f"{gap['accuracy_difference'][0]:+.2f}; target 0.9 reached on "
+        f"{gap['scaled_reached']}/1 scaled, {gap['unscaled_reached']}/1 "
+        "unscaled seeds",
+    ]
+
+
+def test_output_to_a_file_has_no_control_characters(comparison):
+    _, stdout, _ = comparison
+    assert "building and compiling" in stdout
+    assert not set(stdout) & {"\r", "\x1b", "\x08"}
+
+
+def test_tensorboard_lists_each_run_as_train_and_validation(comparison):
+    logdir, _, _ = comparison
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(logdir)
+    runs = {f"{arm}-dk{TRAINED_KEY_DIM}-seed0/{part}"
+            for arm in ARMS for part in ("train", "validation")}
+    # The comparison's own: its HParams experiment, the claims over d_k
+    # and the arms' curves.
+    assert set(multiplexer.Runs()) == runs | {"experiment", "claims",
+                                              "curves"}
+
+
+def test_a_run_of_the_earlier_layout_is_refused_in_one_line(
+        comparison, tmp_path, capsys):
+    logdir, _, _ = comparison
+    copy = str(tmp_path / "runs")
+    shutil.copytree(logdir, copy)
+    run_dir = os.path.join(copy, f"scaled-dk{TRAINED_KEY_DIM}-seed0")
+    os.rename(os.path.join(run_dir, "validation"),
+              os.path.join(run_dir, "eval"))
+    status, out, err = _run_cli(["compare", *TINY_FLAGS, "--logdir", copy],
+                                capsys)
+    assert status == 2
+    assert err.strip() == (
+        f"keras-attention compare: error: --logdir {run_dir} holds a run of "
+        "an earlier version (its held-out events are in eval/, not "
+        "validation/); use a new --logdir")
+
+
 def test_report_numbers_equal_event_files_and_json(comparison):
     logdir, _, document = comparison
     report = open(os.path.join(logdir, "comparison.md")).read()
@@ -154,7 +218,7 @@ def test_report_numbers_equal_event_files_and_json(comparison):
     for record in document["runs"]:
         arm = record["arm"]
         run_dir = os.path.join(logdir, f"{arm}-dk{TRAINED_KEY_DIM}-seed0")
-        events = read_event_scalars(os.path.join(run_dir, "eval"))
+        events = read_event_scalars(os.path.join(run_dir, "validation"))
         final_step = max(events["accuracy"])
         assert final_step == STEPS
         accuracy = events["accuracy"][final_step]
@@ -169,8 +233,8 @@ def test_report_numbers_equal_event_files_and_json(comparison):
             assert record["final"][key] == pytest.approx(final, rel=1e-5)
             assert _close_to_cell(table[f"init: {label}"][arm], initial)
             assert _close_to_cell(table[f"final: {label}"][arm], final)
-        # The per-run HParams metrics hold the same numbers.
-        hparams_metrics = read_event_scalars(os.path.join(run_dir, "compare"))
+        # The per-run HParams metrics, beside them, hold the same numbers.
+        hparams_metrics = events
         assert hparams_metrics["final_accuracy"][STEPS] == pytest.approx(
             accuracy, abs=1e-6
         )
@@ -391,8 +455,9 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
                 )
             except OSError:
                 scalar_tags = {}
-            if all(f"{run}/{group}" in scalar_tags
-                   for run in runs for group in ("eval", "compare")):
+            if all(f"{run}/validation" in scalar_tags
+                   and "final_accuracy" in scalar_tags[f"{run}/validation"]
+                   for run in runs):
                 break
             time.sleep(1)
         else:
@@ -400,10 +465,10 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
 
         by_arm = {r["arm"]: r for r in document["runs"]}
         for arm, run in zip(ARMS, runs):
-            assert "accuracy" in scalar_tags[f"{run}/eval"]
-            assert "attention/mean/score_std" in scalar_tags[f"{run}/eval"]
+            assert "accuracy" in scalar_tags[f"{run}/validation"]
+            assert "attention/mean/score_std" in scalar_tags[f"{run}/validation"]
             query = urllib.parse.urlencode(
-                {"run": f"{run}/eval", "tag": "accuracy"}
+                {"run": f"{run}/validation", "tag": "accuracy"}
             )
             series = json.loads(
                 _get(base + "/data/plugin/scalars/scalars?" + query)
@@ -416,11 +481,11 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
 
         image_tags = json.loads(_get(base + "/data/plugin/images/tags"))
         for run in runs:
-            tags = image_tags[f"{run}/eval"]
+            tags = image_tags[f"{run}/validation"]
             tag = "attention/attention_0/heatmap/head0"
             assert tag in tags
             query = urllib.parse.urlencode(
-                {"run": f"{run}/eval", "tag": tag, "sample": 0}
+                {"run": f"{run}/validation", "tag": tag, "sample": 0}
             )
             images = json.loads(
                 _get(base + "/data/plugin/images/images?" + query)

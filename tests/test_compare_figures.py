@@ -82,7 +82,8 @@ def test_curves_are_the_seed_mean_and_sd_of_the_event_files(comparison):
         curve = curves[(TRAINED, arm)]
         assert curve["seeds"] == list(SEEDS)
         events = [read_event_scalars(os.path.join(_run_dir(logdir, arm, s),
-                                                  "eval")) for s in SEEDS]
+                                                  "validation"))
+                  for s in SEEDS]
         for name, tag, _ in CURVE_METRICS:
             series = curve["metrics"][name]
             steps = sorted(events[0][tag])
@@ -217,17 +218,23 @@ def test_custom_scalars_layout_and_bands(comparison):
         base_plugin.TBContext(logdir=logdir, multiplexer=multiplexer,
                               data_provider=provider))
     layout = json.loads(plugin.layout_impl(tb_context.RequestContext(), ""))
-    (category,) = layout["category"]
+    categories = {c["title"]: c for c in layout["category"]}
+    # The curves' margin charts, and the claims' charts over d_k.
+    assert set(categories) == {"arms: mean ± sd over seeds",
+                               "claims: each arm over d_k"}
+    category = categories["arms: mean ± sd over seeds"]
     charts = {c["title"]: c["margin"]["series"] for c in category["chart"]}
     assert list(charts) == [title for _, _, title in CURVE_METRICS]
+    curve_names = [f"{c['arm']}-dk{TRAINED}" for c in document["curves"]]
     for (name, _, title) in CURVE_METRICS:
-        assert charts[title] == [{"value": f"{name}/mean",
-                                  "lower": f"{name}/lower",
-                                  "upper": f"{name}/upper"}]
+        assert charts[title] == [{"value": f"{name}/{curve}/mean",
+                                  "lower": f"{name}/{curve}/lower",
+                                  "upper": f"{name}/{curve}/upper"}
+                                 for curve in curve_names]
+    tags = read_event_scalars(os.path.join(logdir, "curves"))
     for curve in document["curves"]:
-        run = os.path.join(logdir, "curves", f"{curve['arm']}-dk{TRAINED}")
-        tags = read_event_scalars(run)
-        for name, series in curve["metrics"].items():
+        for metric, series in curve["metrics"].items():
+            name = f"{metric}/{curve['arm']}-dk{TRAINED}"
             for step, mean, sd in zip(series["steps"], series["mean"],
                                       series["sd"]):
                 assert tags[f"{name}/mean"][step] == pytest.approx(mean,

@@ -376,7 +376,8 @@ def page(browser, server, screenshots):
     return dashboard
 
 
-RUN_A, RUN_B = "scaled-dk16-seed0/eval", "unscaled-dk16-seed0/eval"
+RUN_A = "scaled-dk16-seed0/validation"
+RUN_B = "unscaled-dk16-seed0/validation"
 TAG = summary_tag("attention_0")
 
 
@@ -489,8 +490,8 @@ def test_long_map(page, screenshots):
 
 
 def test_text_run_shows_the_characters(page, logdir, screenshots):
-    page.choose("#run", "text/eval")
-    logged = read_summaries(str(logdir / "text/eval"))[TAG]
+    page.choose("#run", "text/validation")
+    logged = read_summaries(str(logdir / "text/validation"))[TAG]
     meta, _ = logged[max(logged)]
     canvas = page.find("canvas.heat")
     assert int(canvas.get_attribute("data-rows")) == TEXT_LEN

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -135,21 +136,82 @@ def test_progress_says_runs_done_the_current_step_and_the_time_left():
     clock, stream, lines = _Clock(), io.StringIO(), []
     progress = Progress({"a": 100, "b": 100}, total=3, log=lines.append,
                         stream=stream, every_s=30, clock=clock)
-    assert progress.line() == "runs 1/3 done"  # one was complete before
+    # One was complete before.
+    assert progress.line() == "runs 1/3 done · estimating the time left"
     clock.now += 10
-    progress.step("a", 50)  # 50 steps in 10 s: 150 left at 5 steps/s
-    assert progress.seconds_left() == pytest.approx(30.0)
+    progress.step("a", 50)  # the first report: no rate measured yet
+    assert progress.seconds_left() is None
     assert stream.getvalue().strip() == (
-        "runs 1/3 done · a at step 50/100 · about 30 s left")
+        "runs 1/3 done · a at step 50/100 · estimating the time left")
     clock.now += 5
-    progress.step("a", 75)  # within every_s of the last line: not shown
-    assert len(stream.getvalue().strip().splitlines()) == 1
+    # 25 steps in 5 s: 125 left at 5 steps/s, and b builds nothing new.
+    progress.step("a", 75)  # the first estimate is shown at once
+    assert progress.seconds_left() == pytest.approx(25.0)
+    assert stream.getvalue().strip().splitlines()[-1] == (
+        "runs 1/3 done · a at step 75/100 · about 25 s left")
     clock.now += 5
+    progress.step("a", 90)  # within every_s of the last line: not shown
+    assert len(stream.getvalue().strip().splitlines()) == 2
     progress.finished("a", "held-out accuracy 1.000", 20.0)
     assert lines == ["[2/3] a: held-out accuracy 1.000 (20 s)"]
-    assert progress.seconds_left() == pytest.approx(100 / (100 / 20))
+    assert progress.seconds_left() == pytest.approx(100 / (50 / 10))
     assert [duration_text(s) for s in (44.6, 200, 7500)] == [
         "45 s", "3 min 20 s", "2 h 05 min"]
+
+
+
+def _simulated_grid(runs, compile_s, startup_s, step_s, report_every,
+                    eval_every, eval_s):
+    """Replays a grid on a fake clock: `runs` is `[(name, shape, steps)]`,
+    trained one after another; the first run of each shape compiles
+    (`compile_s`), the others only reset (`startup_s`). Returns the status
+    lines and the real time left at each, and the total time."""
+    clock, stream = _Clock(), io.StringIO()
+    shapes, builds = set(), []
+    for name, shape, _ in runs:
+        if shape not in shapes:
+            shapes.add(shape)
+            builds.append(name)
+    progress = Progress({name: steps for name, _, steps in runs},
+                        total=len(runs), log=lambda line: None,
+                        stream=stream, every_s=30, clock=clock, builds=builds)
+    shown_at, seen = [], set()
+    for name, shape, steps in runs:
+        clock.now += compile_s if name in builds else startup_s
+        for step in range(1, steps + 1):
+            clock.now += step_s + (eval_s if step % eval_every == 0 else 0)
+            if step % report_every == 0:
+                progress.step(name, step)
+                count = len(stream.getvalue().splitlines())
+                if count > len(seen):
+                    seen.add(count)
+                    shown_at.append(clock.now)
+        progress.finished(name, "done", 0.0)
+    lines = stream.getvalue().splitlines()
+    return lines, [clock.now - time for time in shown_at]
+
+
+def test_first_estimate_is_within_twice_the_time_really_left():
+    # Shaped like the default comparison on 2 CPU cores: three key dims
+    # (each compiles: 20 s, as long as 100 steps), two arms each, 300 steps,
+    # evaluation every 100. Dividing all steps by the time since the start
+    # said 15 times too much here.
+    runs = [(f"{arm}-dk{key_dim}", key_dim, 300)
+            for key_dim in (16, 64, 256) for arm in ("scaled", "unscaled")]
+    lines, really_left = _simulated_grid(
+        runs, compile_s=20.0, startup_s=1.0, step_s=0.2, report_every=10,
+        eval_every=100, eval_s=2.0)
+    assert "estimating" in lines[0]
+    estimates = [line for line in lines if "left" in line
+                 and "estimating" not in line]
+    first = estimates[0]
+    shown = [i for i, line in enumerate(lines) if line == first][0]
+    minutes, seconds = (int(n) for n in re.findall(r"(\d+) min (\d+) s",
+                                                     first)[0])
+    estimate = 60 * minutes + seconds
+    assert 0.5 <= estimate / really_left[shown] <= 2.0, (first,
+                                                         really_left[shown])
+
 
 # ----------------------------------------------------------------- reuse
 def test_reused_compiled_step_trains_like_a_fresh_run(tiny_config, tmp_path):

@@ -88,6 +88,7 @@ FLOORS = {
     "pipelines.backends": 3,
     "pipelines.checkpoints": 3,
     "pipelines.clock": 3,
+    "pipelines.step_display": 3,
     "pipelines.train": 3,
     "pipelines.export": 3,
     "pipelines.variance": 3,

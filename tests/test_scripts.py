@@ -338,7 +338,7 @@ def test_gpu_check_smoke_whole_command(tmp_path):
         assert sorted(run["name"] for run in record["runs"]) == finished
         source = logdir / ("sweep.md" if stage is sweep else "comparison.md")
         assert (out / report).read_text() == source.read_text()
-    assert [line.split(":")[0] for line in compare["default"]["verdicts"]] \
+    assert [line.split(" (")[0] for line in compare["default"]["verdicts"]] \
         == ["Claim 1", "Claim 2", "Claim 3"]
     assert sweep["full"]["verdicts"]
     assert all(re.match(r"^\w+, d_k 8: ", line)

@@ -192,10 +192,11 @@ def test_html_is_self_contained(tiny_sweep):
 
 def test_hparams_experiment_and_end_metrics(tiny_sweep):
     logdir, _, document = tiny_sweep
-    root = read_event_scalars(logdir)
-    assert "_hparams_/experiment" in root
+    experiment = read_event_scalars(os.path.join(logdir, "experiment"))
+    assert "_hparams_/experiment" in experiment
     for record in document["runs"]:
-        ends = read_event_scalars(os.path.join(logdir, record["run"], "sweep"))
+        ends = read_event_scalars(os.path.join(logdir, record["run"],
+                                               "validation"))
         assert ends["final_loss"][record["steps"]] == pytest.approx(
             record["final_loss"], rel=1e-6)
         assert ends["final_max_abs_score"][record["steps"]] == pytest.approx(

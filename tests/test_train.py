@@ -305,7 +305,7 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
 
     # Held-out scalars and diagnostics at step 0 and every 10 steps; tags
     # name the layer.
-    eval_tags = read_event_scalars(str(run_dir / "eval"))
+    eval_tags = read_event_scalars(str(run_dir / "validation"))
     assert sorted(eval_tags["accuracy"]) == [0, 10, 20]
     for tag in (
         "attention/attention_0/score_std",
@@ -323,13 +323,16 @@ def test_run_directory_events_and_metrics(tmp_path, tiny_config):
     assert all(
         tag.startswith(("attention/", "gradients/"))
         for tag in eval_tags
-        if tag not in ("loss", "accuracy")
+        if tag not in ("loss", "accuracy", "config", "steps_to_target")
+        and not tag.startswith("_hparams_/")
     )
 
-    # The config as text and as HParams in the run's root.
-    root_tags = read_event_scalars(str(run_dir))
-    assert 0 in root_tags["config"]
-    hparams = _hparams_logged(str(run_dir))
+    # The config as text and as HParams beside the held-out metrics (the
+    # HParams session's run); nothing at the run's root.
+    assert 0 in eval_tags["config"]
+    assert not [name for name in os.listdir(run_dir)
+                if name.startswith("events.out.tfevents")]
+    hparams = _hparams_logged(str(run_dir / "validation"))
     assert hparams["task"] == "recall" and hparams["key_dim"] == 16
     assert hparams["scale"] == "sqrt" and hparams["arm"] == "sqrt-arm"
     assert hparams["optimizer"] == "sgd"
@@ -469,7 +472,7 @@ def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
     # run's event files: one continuous curve.
     for sub, tag, steps in (
         ("train", "loss", range(1, 151)),
-        ("eval", "accuracy", range(0, 151, 25)),
+        ("validation", "accuracy", range(0, 151, 25)),
     ):
         seen = []
         directory = killed_dir / sub
@@ -496,7 +499,7 @@ def test_heatmap_images_come_every_heatmap_every_steps(tmp_path, tiny_config):
     train(tiny_config(steps=20, eval_every=20, diagnostics_every=5,
                       heatmap_every=10, checkpoint_every=20,
                       logdir=str(run_dir)))
-    eval_tags = read_event_scalars(str(run_dir / "eval"))
+    eval_tags = read_event_scalars(str(run_dir / "validation"))
     assert sorted(eval_tags["attention/attention_0/score_std"]) == [
         0, 5, 10, 15, 20]
     assert sorted(eval_tags["attention/attention_0/heatmap/head0"]) == [

@@ -485,7 +485,8 @@ def test_in_a_real_venv_without_tensorflow(tmp_path):
     with tensorboard(tmp_path / "run", env, tmp_path / "tb.log",
                      command=[str(bin_dir / "tensorboard")]) as url:
         tags = json.loads(get(f"{url}/data/plugin/attention/tags")[0])
-        assert tags["eval"]["attention/attention_0/maps"]["steps"] == [0, 3, 6]
+        maps = tags["validation"]["attention/attention_0/maps"]
+        assert maps["steps"] == [0, 3, 6]
 
 
 @pytest.mark.parametrize("package", ["keras_attention", "keras_attention.viz"])

@@ -43,14 +43,17 @@ Outputs, all under `--logdir`:
                        arms and their difference, at init and at the end
     heatmaps/*.png     labelled probe attention at init and at the end, per
                        arm, at the largest trained key_dim
-    <run>/...          each run's TensorBoard logs; <run>/compare/ adds the
-                       HParams metrics (final accuracy, steps to target,
+    <run>/train/, <run>/validation/
+                       each run's TensorBoard logs (TensorBoard's runs
+                       `<run>/train`, `<run>/validation`); validation/
+                       also holds the HParams metrics (final accuracy,
                        initial entropy and score std)
-    claims/<arm>/      TensorBoard scalars over d_k (the "step" axis is d_k)
-    curves/<arm>-dk<d>/  the arm's held-out curves, mean and ± sd over seeds,
+    claims/            TensorBoard scalars over d_k (the "step" axis is
+                       d_k), a tag per arm
+    curves/            the arms' held-out curves, mean and ± sd over seeds,
                        with a custom-scalars layout (one margin chart per
                        metric, every arm in it)
-    events.*           the HParams experiment (arm, key_dim, seed)
+    experiment/        the HParams experiment (arm, key_dim, seed)
 
 `tensorboard --logdir LOGDIR` then overlays the runs' curves and compares
 them in the HParams dashboard.
@@ -62,8 +65,8 @@ claim 4 (depth: accuracy, steps to target, entropy per layer, first/last
 mode beside the i.i.d. theory, accuracy per trained length, and recall
 trained at one length evaluated at multiples of it), each with its section,
 figures, `claims."4"`/`claims."5"` in comparison.json and TensorBoard
-scalars over depth (`depth/<arm>/`) and length (`length_init/<mode>/`,
-`length/<arm>/`, `length_eval/<arm>/`). Claims 1-3 then read the runs at
+scalars over depth (`depth/`) and length (`length_init/`, `length/`,
+`length_eval/`), a tag per arm. Claims 1-3 then read the runs at
 the first value of each such axis (`axes`). `--preset depth` and
 `--preset length` are the CPU experiments.
 
@@ -100,7 +103,8 @@ from pipelines.compare.series import figure_data
 from pipelines.compare.tensorboard import EXPERIMENT_METRICS
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
-from pipelines.compare.verdicts import status_word
+from pipelines.compare.verdicts import STATEMENTS
+from pipelines.compare.verdicts import verdict_line
 from pipelines.engine import COMPARE_PRESETS as PRESETS
 from pipelines.engine import add_grid_arguments
 from pipelines.engine import check_runs
@@ -206,10 +210,9 @@ def summary_text(plan, document):
             *key_dim_table(plan, results, key_dim),
             "",
         ]
-    for number in ("1", "2", "3", "4", "5"):
-        if number in claims:
-            lines.append(
-                f"Claim {number}: {status_word(claims[number]['holds'])}")
+    lines += [verdict_line(number, claims[number],
+                           plan.base.target_accuracy)
+              for number in STATEMENTS if number in claims]
     return "\n".join(lines)
 
 

@@ -1,16 +1,17 @@
 """TensorBoard scalars of claims 4 and 5, whose "step" axis is the depth or
-the length (as `claims/<arm>/` plots over d_k):
+the length (as the run `claims` plots over d_k), one TensorBoard run each,
+a tag per arm (or scaling mode) ending in `/<arm>`:
 
-    depth/<arm>/           step = layers: final/accuracy,
-                           final/steps_to_target (seeds that reached it),
-                           init/entropy_normalized (mean over layers),
-                           init/entropy_normalized_{first,last} and
-                           init/grad_scores_first_over_last
-    length_init/<mode>/    step = n keys: init/<statistic> and
-                           theory/<statistic> (entropy_normalized,
-                           relevant_weight, max_weight)
-    length/<arm>/          step = the trained length: final/accuracy
-    length_eval/<arm>/     step = evaluated pairs: accuracy, relevant_weight
+    depth/         step = layers: final/accuracy,
+                   final/steps_to_target (seeds that reached it),
+                   init/entropy_normalized (mean over layers),
+                   init/entropy_normalized_{first,last} and
+                   init/grad_scores_first_over_last
+    length_init/   step = n keys: init/<statistic> and theory/<statistic>
+                   (entropy_normalized, relevant_weight, max_weight), per
+                   mode
+    length/        step = the trained length: final/accuracy
+    length_eval/   step = evaluated pairs: accuracy, relevant_weight
 
 Each is rewritten from scratch; none is written without its claim.
 """
@@ -59,34 +60,36 @@ def write_beyond_scalars(logdir, claims):
     """Writes the scalars of claims 4 and 5 present in `claims`."""
     for name in DIRECTORIES:
         shutil.rmtree(os.path.join(logdir, name), ignore_errors=True)
+    points = {}
     depth = claims.get("4")
     if depth:
         for arm in (depth["by_depth"][0]["arms"] if depth["by_depth"]
                     else ()):
-            _write(os.path.join(logdir, "depth", arm), [
-                point for row in depth["by_depth"]
-                for point in _depth_points(row, arm)])
+            points.setdefault("depth", []).extend(
+                (f"{tag}/{arm}", value, step)
+                for row in depth["by_depth"]
+                for tag, value, step in _depth_points(row, arm))
     length = claims.get("5")
-    if not length:
-        return
-    for mode, curve in length["init"]["curves"]["modes"].items():
-        _write(os.path.join(logdir, "length_init", mode), [
-            (f"{kind}/{name}", values[i], n)
-            for name in INIT_STATISTICS
-            for kind, values in (("init", curve[name]),
-                                 ("theory", curve["theory"][name]))
-            for i, n in enumerate(curve["num_keys"])])
-    points = {}
-    trained = length["trained"]
-    for row in trained["rows"]:
-        for arm, values in row["arms"].items():
-            points.setdefault(("length", arm), []).append(
-                ("final/accuracy", values["mean"], row[trained["axis"]]))
-    for row in length["extrapolation"]["rows"]:
-        for arm, values in row["arms"].items():
-            points.setdefault(("length_eval", arm), []).extend([
-                ("accuracy", values["accuracy_mean"], row["eval_pairs"]),
-                ("relevant_weight", values["relevant_weight_mean"],
-                 row["eval_pairs"])])
-    for (name, arm), arm_points in points.items():
-        _write(os.path.join(logdir, name, arm), arm_points)
+    if length:
+        for mode, curve in length["init"]["curves"]["modes"].items():
+            points.setdefault("length_init", []).extend(
+                (f"{kind}/{name}/{mode}", values[i], n)
+                for name in INIT_STATISTICS
+                for kind, values in (("init", curve[name]),
+                                     ("theory", curve["theory"][name]))
+                for i, n in enumerate(curve["num_keys"]))
+        trained = length["trained"]
+        for row in trained["rows"]:
+            for arm, values in row["arms"].items():
+                points.setdefault("length", []).append(
+                    (f"final/accuracy/{arm}", values["mean"],
+                     row[trained["axis"]]))
+        for row in length["extrapolation"]["rows"]:
+            for arm, values in row["arms"].items():
+                points.setdefault("length_eval", []).extend([
+                    (f"accuracy/{arm}", values["accuracy_mean"],
+                     row["eval_pairs"]),
+                    (f"relevant_weight/{arm}",
+                     values["relevant_weight_mean"], row["eval_pairs"])])
+    for name, run_points in points.items():
+        _write(os.path.join(logdir, name), run_points)

@@ -14,6 +14,7 @@ from pipelines.compare.depth import depth_verdict
 from pipelines.compare.formats import fmt, fmt_mean_sd, fmt_steps, ratio
 from pipelines.compare.length import length_section
 from pipelines.compare.length import length_verdict
+from pipelines.compare.verdicts import STATEMENTS
 from pipelines.compare.verdicts import learning_verdict
 from pipelines.compare.verdicts import saturation_verdict
 from pipelines.compare.verdicts import status_word
@@ -128,23 +129,18 @@ def _header(plan, results, wall_time_s, trained_now):
 def _verdict_section(plan, claims, variance_rows):
     lines = ["## Verdicts", ""]
     verdicts = [
-        ("1. Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it to 1",
-         variance_verdict(claims["1"], variance_rows)),
-        ("2. Unscaled scores saturate the softmax, more so as d_k grows",
-         saturation_verdict(claims["2"])),
-        ("3. In saturation gradients vanish and learning stalls",
-         learning_verdict(claims["3"], plan.base.target_accuracy)),
+        ("1", variance_verdict(claims["1"], variance_rows)),
+        ("2", saturation_verdict(claims["2"])),
+        ("3", learning_verdict(claims["3"], plan.base.target_accuracy)),
     ]
     if "4" in claims:
         verdicts.append(
-            ("4. The scale is what lets deeper attention stacks train",
-             depth_verdict(claims["4"], plan.base.target_accuracy)))
+            ("4", depth_verdict(claims["4"], plan.base.target_accuracy)))
     if "5" in claims:
-        verdicts.append(
-            ("5. With the 1/√d_k scale attention fades as n grows",
-             length_verdict(claims["5"])))
-    for title, (texts, holds) in verdicts:
-        lines += [f"**Claim {title}: {status_word(holds)}.**", ""]
+        verdicts.append(("5", length_verdict(claims["5"])))
+    for number, (texts, holds) in verdicts:
+        lines += [f"**Claim {number}. {STATEMENTS[number]}: "
+                  f"{status_word(holds)}.**", ""]
         lines += [f"- {text}" for text in texts]
         lines.append("")
     return lines

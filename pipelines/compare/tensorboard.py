@@ -1,11 +1,14 @@
-"""What a comparison adds to TensorBoard: each run's HParams metrics (the
-experiment at the root is the grid's, `pipelines.engine`), the claim
-scalars over d_k, and
-the arms' curves (mean and ± sd over seeds) with a custom-scalars layout of
-margin charts, one chart per metric, every arm in it.
+"""What a comparison adds to TensorBoard: each run's HParams metrics, in
+its `validation/` run beside its HParams session (the experiment is the
+grid's, `pipelines.engine`); and two runs of its own: `claims` (the claim
+scalars over d_k, a tag per arm) and `curves` (the arms' curves, mean and
+± sd over seeds, a tag per arm and d_k), each with a custom-scalars layout
+that puts every arm in one chart. A run per arm made TensorBoard list 30
+runs for a comparison of 6.
 """
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -16,11 +19,15 @@ from keras_attention.events import SummaryWriter
 from pipelines.compare.claims import group_final_accuracy
 from pipelines.compare.claims import group_init
 from pipelines.compare.series import CURVE_METRICS
+from pipelines.tensorboard import write_end_metrics
 
 CLAIMS_DIR = "claims"
 CURVES_DIR = "curves"
 CURVES_CATEGORY = "arms: mean ± sd over seeds"
-HPARAMS_GROUP = "compare"
+CLAIMS_CATEGORY = "claims: each arm over d_k"
+# Ends the name of the event file of a run's comparison metrics, which a
+# rerun replaces.
+METRICS_SUFFIX = ".comparison"
 
 # The init statistics plotted over d_k, and those kept as HParams metrics.
 _CLAIM_SCALARS = ("score_std", "entropy_normalized", "saturated_fraction",
@@ -29,75 +36,99 @@ _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
                  "grad_norm_scores")
 
 
-def _write_scalars(directory, values, step):
-    with SummaryWriter(directory) as writer:
-        for tag, value in values.items():
-            writer.scalar(tag, float(value), int(step))
-
-
 def write_run_hparams_metrics(run_dir, record, steps):
-    """Writes the HParams metrics of one run to `run_dir/compare/`.
+    """Writes the HParams metrics of one run to `run_dir/validation/`.
 
-    Tags: `final_accuracy`, `steps_to_target` (when reached),
-    `init_entropy`, `init_entropy_normalized`, `init_score_std`,
-    `init_grad_norm_scores`, all at step `steps`. The directory is rewritten
-    from scratch, so rerunning a comparison never duplicates them.
+    Tags: `final_accuracy`, `init_entropy`, `init_entropy_normalized`,
+    `init_score_std`, `init_grad_norm_scores`, all at step `steps`
+    (`steps_to_target` the run logged there itself). They go in an event
+    file of their own, replaced on each rerun, so a rerun never duplicates
+    them.
     """
-    directory = os.path.join(run_dir, HPARAMS_GROUP)
-    shutil.rmtree(directory, ignore_errors=True)
     values = {"final_accuracy": record["final_accuracy"]}
-    if record["steps_to_target"] is not None:
-        values["steps_to_target"] = record["steps_to_target"]
     for key in _INIT_METRICS:
         if record["init"] and record["init"].get(key) is not None:
             values[f"init_{key}"] = record["init"][key]
-    _write_scalars(directory, values, steps)
+    write_end_metrics(run_dir, values, steps, METRICS_SUFFIX)
 
 
 # The comparison's HParams metrics: (tag, group, display name).
+# All in each run's `validation/`, its HParams session's run.
 EXPERIMENT_METRICS = (
-    ("final_accuracy", HPARAMS_GROUP, "final held-out accuracy"),
-    ("steps_to_target", HPARAMS_GROUP, "steps to target"),
-    ("init_entropy_normalized", HPARAMS_GROUP,
-     "initial entropy (normalized)"),
-    ("init_entropy", HPARAMS_GROUP, "initial entropy (nats)"),
-    ("init_score_std", HPARAMS_GROUP, "initial score std"),
-    ("init_grad_norm_scores", HPARAMS_GROUP, "initial |dL/dscores|"),
-    ("accuracy", "eval", "held-out accuracy"),
+    ("final_accuracy", None, "final held-out accuracy"),
+    ("steps_to_target", None, "steps to target"),
+    ("init_entropy_normalized", None, "initial entropy (normalized)"),
+    ("init_entropy", None, "initial entropy (nats)"),
+    ("init_score_std", None, "initial score std"),
+    ("init_grad_norm_scores", None, "initial |dL/dscores|"),
+    ("accuracy", None, "held-out accuracy"),
 )
 
 
 def write_claim_scalars(logdir, results):
-    """Per-arm scalars over d_k in `logdir/claims/<arm>/` (step = d_k)."""
+    """The claim scalars over d_k (step = d_k) in the run `logdir/claims/`:
+    `init/<statistic>/<arm>` and `final/accuracy/<arm>`, with a layout of
+    one chart per statistic, every arm in it. Rewritten from scratch."""
     root = os.path.join(logdir, CLAIMS_DIR)
     shutil.rmtree(root, ignore_errors=True)
-    for arm, by_key_dim in group_init(results).items():
-        with SummaryWriter(os.path.join(root, arm)) as writer:
+    with SummaryWriter(root) as writer:
+        _write_layout(writer, CLAIMS_CATEGORY, [
+            (f"init/{key}", f"init/{key}/") for key in _CLAIM_SCALARS
+        ] + [("final/accuracy", "final/accuracy/")])
+        for arm, by_key_dim in group_init(results).items():
             for key_dim, summaries in sorted(by_key_dim.items()):
                 for key in _CLAIM_SCALARS:
                     writer.scalar(
-                        f"init/{key}",
+                        f"init/{key}/{arm}",
                         float(np.mean([s[key] for s in summaries])),
                         key_dim,
                     )
             for key_dim, accuracies in sorted(
                 group_final_accuracy(results, arm).items()
             ):
-                writer.scalar("final/accuracy", float(np.mean(accuracies)),
-                              key_dim)
+                writer.scalar(f"final/accuracy/{arm}",
+                              float(np.mean(accuracies)), key_dim)
 
 
-def curves_layout():
+def _write_layout(writer, category, charts):
+    """A custom-scalars layout of multiline charts `(title, tag prefix)`."""
+    layout = layout_pb2.Layout(category=[layout_pb2.Category(
+        title=category,
+        chart=[layout_pb2.Chart(
+            title=title,
+            multiline=layout_pb2.MultilineChartContent(
+                tag=["^" + re.escape(prefix)]))
+            for title, prefix in charts])])
+    _write_layout_proto(writer, layout)
+
+
+def _write_layout_proto(writer, layout):
+    # What the plugin's `summary.pb` builds (it imports TensorFlow): the
+    # serialized layout as a string scalar under the plugin's config tag.
+    writer.tensor(custom_scalar_metadata.CONFIG_SUMMARY_TAG,
+                  layout.SerializeToString(), 0,
+                  custom_scalar_metadata.create_summary_metadata())
+
+
+def curve_tag(curve, metric):
+    """The tag prefix of one (arm, key_dim) curve of `metric` in the run
+    `curves`."""
+    return f"{metric}/{curve['arm']}-dk{curve['key_dim']}"
+
+
+def curves_layout(curves):
     """The custom-scalars layout: one margin chart per `CURVE_METRICS`
-    entry, its series `<metric>/mean` between `<metric>/lower` and
-    `<metric>/upper` (every arm's run draws one line with its band)."""
+    entry, a series per curve: `<metric>/<arm>-dk<d_k>/mean` between its
+    `lower` and `upper`."""
     Series = layout_pb2.MarginChartContent.Series
     charts = [
         layout_pb2.Chart(
             title=title,
             margin=layout_pb2.MarginChartContent(series=[Series(
-                value=f"{name}/mean", lower=f"{name}/lower",
-                upper=f"{name}/upper")]),
+                value=f"{curve_tag(curve, name)}/mean",
+                lower=f"{curve_tag(curve, name)}/lower",
+                upper=f"{curve_tag(curve, name)}/upper")
+                for curve in curves]),
         )
         for name, _, title in CURVE_METRICS
     ]
@@ -106,31 +137,23 @@ def curves_layout():
     ])
 
 
-def curves_run_name(curve):
-    """The TensorBoard run of one (arm, key_dim) curve, under the logdir."""
-    return f"{CURVES_DIR}/{curve['arm']}-dk{curve['key_dim']}"
-
-
 def write_curve_scalars(logdir, curves):
-    """Writes each arm's curves to `logdir/curves/<arm>-dk<key_dim>/`:
-    `<metric>/{mean,lower,upper}` (mean, mean - sd, mean + sd over seeds)
-    at each step, and the custom-scalars layout (in every such run; the
-    plugin merges identical charts). Rewritten from scratch each time."""
+    """Writes every arm's curves to the run `logdir/curves/`:
+    `<metric>/<arm>-dk<key_dim>/{mean,lower,upper}` (mean, mean - sd,
+    mean + sd over seeds) at each step, and their custom-scalars layout.
+    Rewritten from scratch each time."""
     shutil.rmtree(os.path.join(logdir, CURVES_DIR), ignore_errors=True)
-    # What the plugin's `summary.pb` builds (it imports TensorFlow): the
-    # serialized layout as a string scalar under the plugin's config tag.
-    layout = curves_layout().SerializeToString()
-    for curve in curves:
-        if not curve["seeds"]:
-            continue
-        with SummaryWriter(os.path.join(logdir,
-                                        curves_run_name(curve))) as writer:
-            writer.tensor(custom_scalar_metadata.CONFIG_SUMMARY_TAG, layout,
-                          0, custom_scalar_metadata.create_summary_metadata())
+    curves = [curve for curve in curves if curve["seeds"]]
+    if not curves:
+        return
+    with SummaryWriter(os.path.join(logdir, CURVES_DIR)) as writer:
+        _write_layout_proto(writer, curves_layout(curves))
+        for curve in curves:
             for name, series in curve["metrics"].items():
                 for step, mean, sd in zip(series["steps"], series["mean"],
                                           series["sd"]):
                     for suffix, value in (("mean", mean),
                                           ("lower", mean - sd),
                                           ("upper", mean + sd)):
-                        writer.scalar(f"{name}/{suffix}", value, step)
+                        writer.scalar(f"{curve_tag(curve, name)}/{suffix}",
+                                      value, step)

@@ -32,6 +32,61 @@ _INIT_CONTROLS = {
 }
 
 
+# Each claim in one line: the verdicts' headings, and what the command prints.
+STATEMENTS = {
+    "1": "Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it to 1",
+    "2": "Unscaled scores saturate the softmax, more so as d_k grows",
+    "3": "In saturation gradients vanish and learning stalls",
+    "4": "The scale is what lets deeper attention stacks train",
+    "5": "With the 1/√d_k scale attention fades as n grows",
+}
+
+
+def deciding_figure(number, claim, target_accuracy):
+    """The figure that decides claim `number`, in a few words, or None when
+    the claim was not measured."""
+    if claim.get("holds") is None:
+        return None
+    if number == "1" and claim["score_std_ratios"]:
+        r = claim["score_std_ratios"][-1]
+        return (f"unscaled/scaled score std at init {r['ratio']:.2f} at d_k "
+                f"{r['key_dim']} (√d_k = {r['sqrt_key_dim']:.2f})")
+    if number == "2":
+        r = claim["entropy"][-1]
+        return (f"normalized entropy at init at d_k {r['key_dim']}: scaled "
+                f"{r['scaled_entropy_normalized']:.2f}, unscaled "
+                f"{r['unscaled_entropy_normalized']:.2f}")
+    if number == "3":
+        gap = claim["by_key_dim"][-1]
+        n = len(gap["seeds"])
+        mean = sum(gap["accuracy_difference"]) / max(n, 1)
+        return (f"at d_k {gap['key_dim']}, scaled minus unscaled final "
+                f"accuracy {mean:+.2f}; target {target_accuracy:g} reached "
+                f"on {gap['scaled_reached']}/{n} scaled, "
+                f"{gap['unscaled_reached']}/{n} unscaled seeds")
+    if number == "4":
+        first, last = claim["by_depth"][0], claim["by_depth"][-1]
+        return (f"scaled minus unscaled final accuracy "
+                f"{first['gap']['mean']:+.2f} at {first['num_layers']} "
+                f"layer(s), {last['gap']['mean']:+.2f} at "
+                f"{last['num_layers']}")
+    if number == "5":
+        curves = claim["init"]["curves"]
+        sqrt, n = curves["modes"]["sqrt"], curves["modes"]["sqrt"]["num_keys"]
+        return (f"the relevant key's weight at init "
+                f"{sqrt['relevant_weight'][0]:.2f} at n {n[0]}, "
+                f"{sqrt['relevant_weight'][-1]:.2f} at n {n[-1]}")
+    return None
+
+
+def verdict_line(number, claim, target_accuracy):
+    """`Claim N (statement): holds — the deciding figure`."""
+    line = (f"Claim {number} ({STATEMENTS[number]}): "
+            f"{status_word(claim.get('holds'))}")
+    figure = deciding_figure(number, claim, target_accuracy)
+    return line if figure is None else f"{line}: {figure}"
+
+
 def status_word(holds):
     """`holds`, `not supported` or `not measured`."""
     return {True: "holds", False: "not supported", None: "not measured"}[holds]

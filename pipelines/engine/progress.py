@@ -4,21 +4,22 @@ the current run's step, and the time left.
 `Progress` hears of each step (`step`) and each finished run (`finished`).
 Finished runs are logged as lines; the status line is rewritten in place on
 a terminal and printed every `every_s` seconds otherwise (a log file or a
-scheduler's output), so a long grid always says where it is.
+scheduler's output: plain lines, no control characters), so a long grid
+always says where it is.
+
+The time left is calibrated on the steps trained since the first step report,
+not since the start: the first report comes after building and compiling
+the first run, which on 2 CPU cores took as long as 100 of its steps, and
+counting it as training time made the first estimate of the default
+comparison "about 1 h 00 min" for a 4-minute job. Each build still to come
+(a run of new shapes compiles again) adds the first one's start-up time.
+Until two reports have come, the line says "estimating".
 """
 
 import sys
 import time
 
-
-def duration_text(seconds):
-    """`"45 s"`, `"3 min 20 s"`, `"2 h 05 min"`."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds // 60 % 60:02d} min"
+from pipelines.step_display import duration_text
 
 
 class Progress:
@@ -33,14 +34,18 @@ class Progress:
         every_s: seconds between status lines when `stream` is not a
             terminal.
         clock: the time source (seconds).
+        builds: the names of the runs that build and compile anew (the
+            first of each shape); default: the first run only.
+        workers: how many processes train side by side.
 
     The time left is the steps still to train over the steps trained per
-    second so far (compiling and evaluating included), so it is an estimate
-    that settles after the first run.
+    second since the first step report (evaluating included), plus the
+    first run's start-up (building, compiling) for each build to come,
+    shared among the workers.
     """
 
     def __init__(self, steps, total, log=print, stream=None, every_s=30.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, builds=None, workers=1):
         self.steps = dict(steps)
         self.total = total
         self.done = total - len(self.steps)
@@ -52,29 +57,64 @@ class Progress:
         self.current = {}
         self.trained = 0
         self._shown = None
+        self.builds = set(list(self.steps)[:1] if builds is None else builds)
+        self.workers = max(1, workers)
+        self._started = set()
+        # (time, steps trained) at the first step report, and the start-up
+        # time it measured.
+        self._anchor = None
+        self._startup = 0.0
+        self._estimated = False
+
+    def begin(self):
+        """Says what happens before the first step report."""
+        if self.steps:
+            print(f"runs {self.done}/{self.total} done · building and "
+                  f"compiling {next(iter(self.steps))}", file=self.stream,
+                  flush=True)
 
     def step(self, name, step):
         """Run `name` has reached `step`."""
         self.current[name] = step
+        self._started.add(name)
+        if self._anchor is None:
+            now = self.clock()
+            self._anchor = (now, self._trained_now())
         self._show()
 
     def finished(self, name, outcome, seconds):
         """Run `name` ended (`outcome`: its one-line result)."""
         self.current.pop(name, None)
+        self._started.add(name)
         self.trained += self.steps.get(name, 0)
         self.done += 1
         self._clear()
         self.log(f"[{self.done}/{self.total}] {name}: {outcome} "
                  f"({seconds:.0f} s)")
 
+    def _trained_now(self):
+        return self.trained + sum(self.current.values())
+
     def seconds_left(self):
-        """The estimate of the time left, or None before any step."""
-        trained = self.trained + sum(self.current.values())
-        remaining = sum(self.steps.values()) - trained
-        elapsed = self.clock() - self.start
-        if trained <= 0 or elapsed <= 0:
+        """The estimate of the time left, or None until two step reports
+        (or a report and a finished run) have measured the step rate."""
+        if self._anchor is None:
             return None
-        return remaining / (trained / elapsed)
+        anchor_time, anchor_trained = self._anchor
+        trained = self._trained_now()
+        elapsed = self.clock() - anchor_time
+        if trained <= anchor_trained or elapsed <= 0:
+            return None
+        rate = (trained - anchor_trained) / elapsed
+        if not self._estimated:
+            # The first run's start-up: the time to its first report less
+            # the steps it had trained by then.
+            self._startup = max(
+                anchor_time - self.start - anchor_trained / rate, 0.0)
+            self._estimated = True
+        remaining = sum(self.steps.values()) - trained
+        builds_left = len(self.builds - self._started)
+        return remaining / rate + builds_left * self._startup / self.workers
 
     def line(self):
         """The status line."""
@@ -82,8 +122,8 @@ class Progress:
         parts += [f"{name} at step {step}/{self.steps.get(name, '?')}"
                   for name, step in self.current.items()]
         left = self.seconds_left()
-        if left is not None:
-            parts.append(f"about {duration_text(left)} left")
+        parts.append("estimating the time left" if left is None
+                     else f"about {duration_text(left)} left")
         return " · ".join(parts)
 
     def _terminal(self):
@@ -91,10 +131,12 @@ class Progress:
 
     def _show(self):
         now = self.clock()
+        first_estimate = not self._estimated and self.seconds_left() is not None
         if self._terminal():
             self.stream.write("\r\033[K" + self.line())
             self.stream.flush()
-        elif self._shown is None or now - self._shown >= self.every_s:
+        elif (self._shown is None or now - self._shown >= self.every_s
+              or first_estimate):
             print(self.line(), file=self.stream, flush=True)
         else:
             return

@@ -20,6 +20,7 @@ from pipelines.common import UsageError
 from pipelines.engine.identity import check_grid_folder
 from pipelines.engine.identity import write_identity
 from pipelines.engine.progress import Progress
+from pipelines.engine.reuse import shape_key
 from pipelines.engine.runner import PENDING_DIR
 from pipelines.engine.runner import in_runner_order
 from pipelines.engine.runner import train_runs
@@ -83,8 +84,13 @@ def _train(grid, log):
     pending = os.path.join(grid.logdir, PENDING_DIR)
     if grid.shard.source is not None:
         pending = os.path.join(pending, f"shard{grid.shard.index}")
+    first_of_shape = {}
+    for run in todo:
+        first_of_shape.setdefault(shape_key(run.config), run.name)
     progress = Progress({run.name: run.config.steps for run in todo},
-                        len(runs), log)
+                        len(runs), log, builds=first_of_shape.values(),
+                        workers=min(grid.jobs, len(first_of_shape)) or 1)
+    progress.begin()
     trained = train_runs(todo, grid.jobs, pending, progress)
     trained.update(skipped=len(runs) - len(todo),
                    train_wall_time_s=time.time() - started)
@@ -149,6 +155,8 @@ def run_grid(grid, report, log=print):
         return None
 
 
+# The TensorBoard run of a grid's HParams experiment, under its logdir.
+EXPERIMENT_DIR = "experiment"
 # The HParams every grid declares besides its axes (any value): what an arm
 # sets, and what tells two grids apart.
 _OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
@@ -156,15 +164,18 @@ _OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
 
 
 def write_grid_experiment(grid, metrics):
-    """Declares the grid's HParams experiment at its root (replacing the one
-    an earlier invocation wrote): the arms and every axis (its trained
+    """Declares the grid's HParams experiment in the TensorBoard run
+    `experiment` (`EXPERIMENT_DIR`: events at the root would make TensorBoard
+    list a run named "."), replacing the one an earlier invocation wrote: the arms and every axis (its trained
     values), so the parallel-coordinates view shows the whole grid.
 
     Args:
         grid: the `Grid`.
         metrics: `(tag, group, display_name)` of the report's metrics.
     """
-    for path in glob.glob(os.path.join(grid.logdir, "events.out.tfevents.*")):
+    directory = os.path.join(grid.logdir, EXPERIMENT_DIR)
+    for path in glob.glob(os.path.join(glob.escape(directory),
+                                       "events.out.tfevents.*")):
         os.remove(path)
     hparams = {"arm": list(grid.arms)}
     for name in grid.axes:
@@ -174,5 +185,5 @@ def write_grid_experiment(grid, metrics):
                          else list(values))
     hparams.update({name: None for name in _OTHER_HPARAMS
                     if name not in hparams})
-    with SummaryWriter(grid.logdir) as writer:
+    with SummaryWriter(directory) as writer:
         write_experiment(writer, hparams, metrics)

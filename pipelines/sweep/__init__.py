@@ -19,9 +19,9 @@ shapes match); this package is the report over its runs. Under `LOGDIR`:
     figures/*.png                      loss and accuracy against the learning
                                        rate, LR sensitivity, max logit and
                                        entropy, the d_k picture at init
-    events.*                           the HParams experiment (arm, optimizer,
+    experiment/                        the HParams experiment (arm, optimizer,
                                        learning rate, d_k, seed; end metrics
-                                       in each <run>/sweep/)
+                                       in each <run>/validation/)
 
 The package (floor 3, pipelines): analysis, init_picture, figures,
 tensorboard and report; they import keras_attention, the engine, the

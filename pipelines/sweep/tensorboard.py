@@ -1,15 +1,14 @@
-"""What a sweep adds to TensorBoard: each run's end metrics in
-`<run>/sweep/`, the metrics of the HParams experiment that the grid declares
-at its root (`pipelines.engine`). The runs' own logs are those `train`
-writes."""
+"""What a sweep adds to TensorBoard: each run's end metrics in its
+`validation/` run, beside its HParams session, the metrics of the HParams
+experiment that the grid declares (`pipelines.engine`). The runs' own logs
+are those `train` writes."""
 
 import math
-import os
-import shutil
 
-from keras_attention.events import SummaryWriter
+from pipelines.tensorboard import write_end_metrics
 
-HPARAMS_GROUP = "sweep"
+# Ends the name of the event file of a run's sweep metrics.
+METRICS_SUFFIX = ".sweep"
 
 # Tag -> (display name, the record's value).
 END_METRICS = {
@@ -28,18 +27,19 @@ END_METRICS = {
 
 
 def write_run_metrics(run_dir, record):
-    """The record's end metrics as scalars in `run_dir/sweep/` (rewritten
-    from scratch, so a rerun never duplicates them); non-finite or missing
+    """The record's end metrics as scalars in `run_dir/validation/`
+    (`pipelines.tensorboard.write_end_metrics`); non-finite or missing
     values are left out."""
-    directory = os.path.join(run_dir, HPARAMS_GROUP)
-    shutil.rmtree(directory, ignore_errors=True)
-    with SummaryWriter(directory) as writer:
-        for tag, (_, value_of) in END_METRICS.items():
-            value = value_of(record)
-            if value is not None and math.isfinite(float(value)):
-                writer.scalar(tag, float(value), record["steps"] or 0)
+    values = {}
+    for tag, (_, value_of) in END_METRICS.items():
+        value = value_of(record)
+        # steps_to_target: the run logged it there itself.
+        if (tag != "steps_to_target" and value is not None
+                and math.isfinite(float(value))):
+            values[tag] = value
+    write_end_metrics(run_dir, values, record["steps"] or 0, METRICS_SUFFIX)
 
 
 # The sweep's HParams metrics: (tag, group, display name).
-EXPERIMENT_METRICS = tuple((tag, HPARAMS_GROUP, display)
+EXPERIMENT_METRICS = tuple((tag, None, display)
                            for tag, (display, _) in END_METRICS.items())
