@@ -10,6 +10,7 @@ differentiate on whichever backend is active, so one test body serves all
 three.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -69,9 +70,9 @@ def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
     }
     command = [
         sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-        # One process: the child is itself a case of a parallel run (-n in
-        # addopts).
-        "-n", "0",
+        # One process, when pytest-xdist is there to run a parallel one:
+        # the child is itself a case of the parent's run.
+        *(["-n", "0"] if importlib.util.find_spec("xdist") else []),
         # The child runs exactly what it is given, slow cases included.
         "-m", markers or "slow or not slow",
         # Five slowest, not the 25 of addopts: the output kept on a failure
