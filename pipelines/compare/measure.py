@@ -49,7 +49,16 @@ def probe_at_init(config):
         return probe_diagnostics(model, *build_probe_batch(config, task))
     finally:
         keras.config.set_dtype_policy(previous_policy)
-        keras.backend.clear_session()
+        _clear_session()
+
+
+def _clear_session():
+    """Resets Keras's global state between probed models, without the full
+    garbage collection `clear_session` runs by default: with TensorFlow
+    loaded one collection took 0.26 s of CPU, 5.9 s of the default
+    comparison's 22 probes (cProfile, CPU clock); the dropped models are
+    reclaimed by Python's own collector instead."""
+    keras.backend.clear_session(free_memory=False)
 
 
 def _run_precision(config):
@@ -66,7 +75,7 @@ def probe_trained(config):
         )
     finally:
         del model
-        keras.backend.clear_session()
+        _clear_session()
 
 
 def _summary(diagnostics_summary):
