@@ -42,7 +42,9 @@ import numpy as np
 from pipelines.backends import backend_module
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
+from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.checkpoints import Checkpoints
+from pipelines.checkpoints import last_checkpointed_step
 from pipelines.clock import Clock
 from pipelines.common import write_json_atomic
 from pipelines.devices import check_memory
@@ -51,6 +53,7 @@ from pipelines.export import check_out_path
 from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
+from pipelines.numerics import check_finite_start
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
@@ -91,9 +94,14 @@ def run(args):
         return 0
     metrics = train(config)
     if metrics.get("diverged_at_step") is not None:
+        kept = last_checkpointed_step(
+            os.path.join(config.logdir, CHECKPOINT_DIR))
         print(f"keras-attention train: error: the loss became non-finite at "
-              f"step {metrics['diverged_at_step']}; lower --learning-rate or "
-              "set --clip-norm", file=sys.stderr)
+              f"step {metrics['diverged_at_step']}; lower --learning-rate"
+              + (" or --weight-decay" if config.weight_decay else "")
+              + " or set --clip-norm" + ("" if kept is None else
+                                   f" (last good checkpoint: step {kept})"),
+              file=sys.stderr)
         return 1
     bits = metrics.get("heldout_bits_per_character")
     print(
@@ -194,6 +202,12 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     start_step = checkpoints.start_step
     parts.steps.reload()
 
+    probe = build_probe_batch(config, task)
+    if start_step == 0:  # Before anything is written.
+        parts.steps.sync()
+        host_model.set_weights(model.get_weights())
+        check_finite_start(config, host_model, probe[0])
+
     # -------- run directory and event files.
     if chief:
         write_run_config(logdir, config, task)
@@ -209,7 +223,6 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         num_shards=num_shards,
     )
     eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
-    probe = build_probe_batch(config, task)
 
     # -------- the compiled steps and the diagnostics probe.
     train_step = parts.steps.train_step
@@ -250,6 +263,9 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         pause_start = time.time()
         if _due(step, config.eval_every, steps):
             progress.evaluated(step, *evaluate(), logs.eval)
+            if not math.isfinite(progress.heldout_loss):
+                progress.diverged_at = step
+                break
             progbar.update(step, values=[
                 ("heldout_accuracy", round(progress.heldout_accuracy, 4))
             ])
@@ -258,14 +274,20 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
                 step, images=_due(step, config.heatmap_every, steps))
         if _due(step, config.checkpoint_every, steps):
             parts.steps.sync()
+            # Non-finite weights are not saved (the last good checkpoints
+            # stay); the loss stops the loop at its next log or evaluation.
             checkpoints.save(step, logs)
         clock.pause(time.time() - pause_start)
     steps_per_second, train_time = clock.steps_per_second(step - start_step)
 
     # -------- the end: a run that was already complete is only re-measured.
+    if progress.diverged_at is None and (
+            progress.heldout_accuracy is None
+            or progress.history[-1][0] != step):
+        progress.evaluated(step, *evaluate(), logs.eval)
+        if not math.isfinite(progress.heldout_loss):
+            progress.diverged_at = step  # The last update's weights.
     if progress.diverged_at is None:
-        if progress.heldout_accuracy is None or progress.history[-1][0] != step:
-            progress.evaluated(step, *evaluate(), logs.eval)
         if chief and progress.diagnostics_final is None:
             progress.diagnostics_final = diagnose(step)
         parts.steps.sync()
