@@ -1,4 +1,5 @@
-"""Refusing, before the first step, a model whose start is not finite.
+"""Numbers that are not finite: refusing, before the first step, a model
+whose start is not finite, and the line that ends a diverged run.
 
 Every setting that shapes the attention scores at initialisation
 (`--scale`, `--qk-init-std`, `--qk-init-gain`) is a positive number up to
@@ -10,8 +11,12 @@ bound on one flag says when: the forward pass of the initial model on the
 probe batch does, before anything is written.
 """
 
+import os
+
 import numpy as np
 
+from pipelines.checkpoints import CHECKPOINT_DIR
+from pipelines.checkpoints import last_checkpointed_step
 from pipelines.common import UsageError
 from pipelines.config_checks import flag
 
@@ -42,4 +47,17 @@ def check_finite_start(config, model, tokens):
         f"{named}: the model's outputs at initialisation are not finite "
         f"(the attention scores overflow {config.precision}); lower "
         f"{' or '.join(flag(name) for name in given or INIT_SETTINGS)}"
+    )
+
+
+def diverged_line(config, step):
+    """The one line of a run that stopped at `step` on a non-finite loss:
+    what to lower, and the last good checkpoint it kept (checkpoints of
+    non-finite weights are never saved)."""
+    kept = last_checkpointed_step(os.path.join(config.logdir, CHECKPOINT_DIR))
+    return (
+        f"the loss became non-finite at step {step}; lower --learning-rate"
+        + (" or --weight-decay" if config.weight_decay else "")
+        + " or set --clip-norm"
+        + ("" if kept is None else f" (last good checkpoint: step {kept})")
     )

@@ -42,9 +42,7 @@ import numpy as np
 from pipelines.backends import backend_module
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
-from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.checkpoints import Checkpoints
-from pipelines.checkpoints import last_checkpointed_step
 from pipelines.clock import Clock
 from pipelines.common import write_json_atomic
 from pipelines.devices import check_memory
@@ -54,6 +52,7 @@ from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.numerics import check_finite_start
+from pipelines.numerics import diverged_line
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
@@ -94,13 +93,8 @@ def run(args):
         return 0
     metrics = train(config)
     if metrics.get("diverged_at_step") is not None:
-        kept = last_checkpointed_step(
-            os.path.join(config.logdir, CHECKPOINT_DIR))
-        print(f"keras-attention train: error: the loss became non-finite at "
-              f"step {metrics['diverged_at_step']}; lower --learning-rate"
-              + (" or --weight-decay" if config.weight_decay else "")
-              + " or set --clip-norm" + ("" if kept is None else
-                                   f" (last good checkpoint: step {kept})"),
+        print("keras-attention train: error: "
+              + diverged_line(config, metrics["diverged_at_step"]),
               file=sys.stderr)
         return 1
     bits = metrics.get("heldout_bits_per_character")
