@@ -13,6 +13,7 @@ probe batch does, before anything is written.
 
 import os
 
+import keras
 import numpy as np
 
 from pipelines.checkpoints import CHECKPOINT_DIR
@@ -36,7 +37,7 @@ def check_finite_start(config, model, tokens):
     Raises:
         UsageError: one line naming the settings and their values.
     """
-    outputs = np.asarray(model(tokens, training=False), np.float64)
+    outputs = keras.ops.convert_to_numpy(model(tokens, training=False))
     if np.all(np.isfinite(outputs)):
         return
     given = [name for name in INIT_SETTINGS
