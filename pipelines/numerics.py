@@ -5,8 +5,8 @@ Every setting that shapes the attention scores at initialisation
 (`--scale`, `--qk-init-std`, `--qk-init-gain`) is a positive number up to
 float32's largest, and each is fine alone at ordinary values; what
 overflows is their product with the model's sizes and the dtype policy
-(`--qk-init-gain 1e30` and `--scale 1e308` made the scores inf, the
-softmax NaN, and ended in a traceback from the dashboard writer). No fixed
+(`--qk-init-gain 1e30` and `--scale 3.4e38` make the scores inf and the
+softmax NaN, which ended in a traceback from the dashboard writer). No fixed
 bound on one flag says when: the forward pass of the initial model on the
 probe batch does, before anything is written.
 """
