@@ -202,9 +202,14 @@ class Checkpoints:
     def save(self, step, writers):
         """Saves the checkpoint of `step` after flushing `writers` (events
         first: once the checkpoint exists, all logged up to it is on
-        disk), then drops all but the newest `KEEP`."""
+        disk), then drops all but the newest `KEEP`.
+
+        Returns:
+            Whether it saved: weights that are not finite (a diverged run)
+            are not saved, so the checkpoints kept are the last good ones.
+        """
         if not self.chief:
-            return
+            return True
         for writer in writers:
             writer.flush()
         values = {"step": np.asarray(step, np.int64)}
@@ -217,6 +222,9 @@ class Checkpoints:
                 values[f"{group}/{index:05d}"] = keras.ops.convert_to_numpy(
                     variable.value
                 )
+        if not all(np.all(np.isfinite(value)) for key, value in values.items()
+                   if key.startswith("model/") and value.dtype.kind == "f"):
+            return False
         path = checkpoint_path(self.directory, step)
         os.makedirs(self.directory, exist_ok=True)
         with writing(f"checkpoint {path}"), atomic_path(path) as staging:
@@ -226,3 +234,4 @@ class Checkpoints:
                 os.fsync(handle.fileno())
         for old in checkpoint_steps(self.directory)[:-KEEP]:
             os.remove(checkpoint_path(self.directory, old))
+        return True

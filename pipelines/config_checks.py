@@ -13,9 +13,11 @@ This module does not import `pipelines.settings` (which declares with it).
 """
 
 import functools
+import inspect
 import math
 import numbers
 import os
+import re
 
 from keras_attention.models import QK_INIT_MODES
 from keras_attention.ops import SCALE_MODES
@@ -195,20 +197,41 @@ def paths_or_none(config, name):
         raise UsageError(f"{flag(name)} must be paths; got {value!r}")
 
 
+def check_mode_or_number(config, name, modes, low=0.0, high=REAL_LIMIT,
+                         low_open=True):
+    """Raises `UsageError` unless the setting is one of `modes` or a finite
+    number in `(low, high]` (`scale`, `qk_init_std`): past float32's
+    largest, `--scale 1e308` ended in a conversion error inside the
+    layer."""
+    value = getattr(config, name)
+    if not ((isinstance(value, str) and value in modes)
+            or (is_positive_real(value) and value <= high)):
+        raise UsageError(
+            f"{flag(name)} must be {', '.join(modes)} or a number in "
+            f"({low:g}, {high:g}]; got {value!r}"
+        )
+
+
 def mode_or_number(modes):
     """The check of a setting that is one of `modes` or a positive finite
-    number (`scale`, `qk_init_std`)."""
+    number up to float32's largest (`scale`, `qk_init_std`)."""
+    return functools.partial(check_mode_or_number, modes=modes)
 
-    def check(config, name):
-        value = getattr(config, name)
-        if not ((isinstance(value, str) and value in modes)
-                or is_positive_real(value)):
-            raise UsageError(
-                f"{flag(name)} must be {', '.join(modes)} or a positive "
-                f"number; got {value!r}"
-            )
 
-    return check
+def numeric_range(check):
+    """`(low, high, low_open, high_open)`: the numbers a declared check
+    accepts (`check_int`, `check_real`, `check_mode_or_number` with their
+    bounds), or `None` for a check of something else."""
+    func = getattr(check, "func", None)
+    if func not in (check_int, check_real, check_mode_or_number):
+        return None
+    bounds = {name: parameter.default for name, parameter
+              in inspect.signature(func).parameters.items()}
+    bounds.update(check.keywords)
+    if func is check_int:
+        return bounds["minimum"], bounds["maximum"], False, False
+    return (bounds["low"], bounds["high"], bounds["low_open"],
+            bounds.get("high_open", False))
 
 
 def build_task_or_usage_error(config, task_options):
@@ -234,6 +257,9 @@ def build_task_or_usage_error(config, task_options):
         # the task does not take.
         for name in task_options:
             message = message.replace(f"'{name}'", flag(name))
+        # "must be an integer >= num_pairs (4)" names a bound's setting.
+        for name in task_options:
+            message = re.sub(rf"\b{name}\b", flag(name), message)
         raise UsageError(f"--task {config.task}: {message}") from None
 
 

@@ -110,7 +110,8 @@ def attention_bytes(config, seq_len):
 def model_bytes(config, task):
     """An estimate of the memory, in bytes, of a run of `config` on `task`
     besides its attention maps: the weights with their gradients and
-    Adam's moments, and the activations of the projections and the
+    Adam's moments, and the data (the held-out set and a fixed training
+    pool) with the activations of the projections and the
     feed-forward network (every layer's of a training batch, kept for the
     backward pass, or one layer's of a held-out batch, whichever is
     larger). `(weights, activations)`."""
@@ -120,7 +121,11 @@ def model_bytes(config, task):
               + (config.ff_dim or 0) + 4 * d)
     weights = (task.vocab_size * d + task.seq_len * d
                + config.num_layers * d * widths + d * task.num_classes)
-    activations = task.seq_len * widths * max(
+    # The held-out set and a fixed training pool are generated whole, as
+    # int32 tokens, targets and weights (`--train-size 2147483647` ended in
+    # numpy's MemoryError for 64 GiB).
+    data = 3 * task.seq_len * (config.heldout_size + (config.train_size or 0))
+    activations = data + task.seq_len * widths * max(
         config.num_layers * config.batch_size,
         min(config.heldout_size, _EVAL_BATCH))
     return weights * _BYTES_PER_WEIGHT, activations * 4
@@ -153,11 +158,11 @@ def check_memory(config, task, memory=None):
         raise UsageError(
             f"the attention maps of sequences of {seq_len} need about "
             f"{needed / 2**30:,.1f} GiB (--batch-size {config.batch_size}, "
-            f"--probe-size {config.probe_size}, {config.num_heads} head(s), "
-            f"{config.num_layers} layer(s)), more than this machine's "
-            f"{memory / 2**30:,.1f} GiB; shorten the sequences, lower "
-            "--batch-size and --probe-size, or use --implementation "
-            "memory_efficient"
+            f"--probe-size {config.probe_size}, --num-heads "
+            f"{config.num_heads}, --num-layers {config.num_layers}), more "
+            f"than this machine's {memory / 2**30:,.1f} GiB; shorten the "
+            "sequences (--seq-len, --num-pairs), lower --batch-size and "
+            "--probe-size, or use --implementation memory_efficient"
         )
     if isinstance(task, int):
         return
@@ -169,6 +174,7 @@ def check_memory(config, task, memory=None):
             f"their gradients and optimizer state {weights / 2**30:,.1f} "
             f"GiB, activations {activations / 2**30:,.1f} GiB), more than "
             f"this machine's {memory / 2**30:,.1f} GiB; lower --d-model, "
-            "--num-heads, --key-dim, --ff-dim, --num-layers, --batch-size, "
-            "--heldout-size or the vocabulary"
+            "--num-heads, --key-dim, --value-dim, --ff-dim, --num-layers, "
+            "--batch-size, --heldout-size, --train-size or the vocabulary "
+            "(--vocab-size, --num-keys, --num-values)"
         )

@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_attention.dashboard import DASHBOARD_EXAMPLES
 from keras_attention.dashboard import AttentionLogger
+from keras_attention.dashboard import is_finite
 from keras_attention.diagnostics import diagnostics_probe
 from keras_attention.tasks.text_patterns import pattern_scores
 from pipelines.backends import backend_module
@@ -144,7 +145,9 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
         host_model.set_weights(parts.model.get_weights())
         diagnostics = logger.probe()
         scores = _pattern_scores(diagnostics, patterns)
-        if writer.wants(step):
+        # A diverged model's maps are not drawn (the dashboard refuses NaN);
+        # the loop stops on the non-finite loss at its next log step.
+        if writer.wants(step) and is_finite(diagnostics):
             logger.write(diagnostics, step, writer.writer, images=images)
             for tag, value in _pattern_scalars(scores):
                 writer.writer.scalar(tag, value, step)

@@ -51,6 +51,8 @@ from pipelines.export import check_out_path
 from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
+from pipelines.numerics import check_finite_start
+from pipelines.numerics import diverged_line
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
@@ -92,9 +94,9 @@ def run(args):
         return 0
     metrics = train(config)
     if metrics.get("diverged_at_step") is not None:
-        print(f"keras-attention train: error: the loss became non-finite at "
-              f"step {metrics['diverged_at_step']}; lower --learning-rate or "
-              "set --clip-norm", file=sys.stderr)
+        print("keras-attention train: error: "
+              + diverged_line(config, metrics["diverged_at_step"]),
+              file=sys.stderr)
         return 1
     bits = metrics.get("heldout_bits_per_character")
     print(
@@ -200,6 +202,12 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     start_step = checkpoints.start_step
     parts.steps.reload()
 
+    probe = build_probe_batch(config, task)
+    if start_step == 0:  # Before anything is written.
+        parts.steps.sync()
+        host_model.set_weights(model.get_weights())
+        check_finite_start(config, host_model, probe[0])
+
     # -------- run directory and event files.
     if chief:
         write_run_config(logdir, config, task)
@@ -215,7 +223,6 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         num_shards=num_shards,
     )
     eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
-    probe = build_probe_batch(config, task)
 
     # -------- the compiled steps and the diagnostics probe.
     train_step = parts.steps.train_step
@@ -252,6 +259,9 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         pause_start = time.time()
         if _due(step, config.eval_every, steps):
             progress.evaluated(step, *evaluate(), logs.eval)
+            if not math.isfinite(progress.heldout_loss):
+                progress.diverged_at = step
+                break
             progbar.update(step, values=[
                 ("heldout_accuracy", round(progress.heldout_accuracy, 4))
             ])
@@ -260,14 +270,20 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
                 step, images=_due(step, config.heatmap_every, steps))
         if _due(step, config.checkpoint_every, steps):
             parts.steps.sync()
+            # Non-finite weights are not saved (the last good checkpoints
+            # stay); the loss stops the loop at its next log or evaluation.
             checkpoints.save(step, logs)
         clock.pause(time.time() - pause_start)
     steps_per_second, train_time = clock.steps_per_second(step - start_step)
 
     # -------- the end: a run that was already complete is only re-measured.
+    if progress.diverged_at is None and (
+            progress.heldout_accuracy is None
+            or progress.history[-1][0] != step):
+        progress.evaluated(step, *evaluate(), logs.eval)
+        if not math.isfinite(progress.heldout_loss):
+            progress.diverged_at = step  # The last update's weights.
     if progress.diverged_at is None:
-        if progress.heldout_accuracy is None or progress.history[-1][0] != step:
-            progress.evaluated(step, *evaluate(), logs.eval)
         if chief and progress.diagnostics_final is None:
             progress.diagnostics_final = diagnose(step)
         parts.steps.sync()

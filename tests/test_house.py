@@ -84,6 +84,7 @@ FLOORS = {
     "pipelines.run_dir": 3,
     "pipelines.locks": 3,
     "pipelines.failures": 3,
+    "pipelines.numerics": 3,
     "pipelines.steps": 3,
     "pipelines.backends": 3,
     "pipelines.checkpoints": 3,
