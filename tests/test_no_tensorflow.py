@@ -86,7 +86,7 @@ def test_jax_training_without_tensorflow_writes_readable_events(tmp_path):
     losses = values(train, "loss")
     assert sorted(losses) == [4, 8, 12]
     assert all(np.isfinite(list(losses.values())))
-    evaluation = EventAccumulator(str(logdir / "eval"),
+    evaluation = EventAccumulator(str(logdir / "validation"),
                                   size_guidance={"tensors": 0})
     evaluation.Reload()
     held_out = values(evaluation, "accuracy")

@@ -361,7 +361,7 @@ def test_sigkill_mid_save_resumes_to_the_uninterrupted_weights(
     # resumed run's event files, with the uninterrupted run's values (steps
     # 11..20 were recomputed from ckpt-10, not logged again).
     for sub, tag, steps in (("train", "loss", [5, 10, 15, 20, 25, 30]),
-                            ("eval", "accuracy", [0, 10, 20, 30])):
+                            ("validation", "accuracy", [0, 10, 20, 30])):
         assert _logged_steps(logdir / sub, tag) == steps, sub
         got = read_event_scalars(str(logdir / sub))[tag]
         want = read_event_scalars(str(reference / sub))[tag]

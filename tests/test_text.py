@@ -240,8 +240,8 @@ def test_text_run_bits_per_character_match_numpy_and_a_hand_count(
 
 def test_text_run_dashboard_shows_characters(tiny_run):
     metas = []
-    for name in sorted(os.listdir(tiny_run / "eval")):
-        for event in read_events(str(tiny_run / "eval" / name)):
+    for name in sorted(os.listdir(tiny_run / "validation")):
+        for event in read_events(str(tiny_run / "validation" / name)):
             for value in event.summary.value:
                 if value.tag == "attention/attention_0/maps":
                     blobs = list(value.tensor.string_val)
