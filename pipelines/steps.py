@@ -53,6 +53,13 @@ class Parts(NamedTuple):
     steps: object
     probe: Callable
 
+    def synced_host_model(self):
+        """The host copy holding the steps' current weights (synced from
+        the devices first): what the diagnostics probe and saving read."""
+        self.steps.sync()
+        self.host_model.set_weights(self.model.get_weights())
+        return self.host_model
+
 
 def build_parts(config, devices, task, learning_rate=None):
     """The `Parts` of a run of `config`, the weights drawn from its seed.
@@ -141,8 +148,7 @@ def make_diagnose(host_model, parts, probe, writer, task=None,
     )
 
     def diagnose(step, images=True):
-        parts.steps.sync()
-        host_model.set_weights(parts.model.get_weights())
+        parts.synced_host_model()
         diagnostics = logger.probe()
         scores = _pattern_scores(diagnostics, patterns)
         # A diverged model's maps are not drawn (the dashboard refuses NaN);

@@ -204,9 +204,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
     probe = build_probe_batch(config, task)
     if start_step == 0:  # Before anything is written.
-        parts.steps.sync()
-        host_model.set_weights(model.get_weights())
-        check_finite_start(config, host_model, probe[0])
+        check_finite_start(config, parts.synced_host_model(), probe[0])
 
     # -------- run directory and event files.
     if chief:
@@ -286,8 +284,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     if progress.diverged_at is None:
         if chief and progress.diagnostics_final is None:
             progress.diagnostics_final = diagnose(step)
-        parts.steps.sync()
-        host_model.set_weights(model.get_weights())
+        parts.synced_host_model()
         if chief:
             save_model(host_model, os.path.join(logdir, MODEL_FILE))
     steps_to_target = next((s for s, accuracy in progress.history
