@@ -16,6 +16,7 @@ from keras_attention import ops as attention_ops
 from keras_attention import scales
 from keras_attention.initializers import fresh
 from keras_attention.memory_efficient import memory_efficient_attention
+from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
 from keras_attention.validation import check_rate
@@ -143,7 +144,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         self.dropout = check_rate(dropout, "dropout")
         check_choice(implementation, "implementation", IMPLEMENTATIONS)
         self.scale = scale
-        self.qk_norm = bool(qk_norm)
+        self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

@@ -58,8 +58,7 @@ def build_sequence_model(
     key_dim=64,
     num_heads=1,
     value_dim=None,
-    scale="sqrt",
-    qk_norm=False,
+    attention_options=None,
     causal=False,
     norm="pre",
     ff_dim=None,
@@ -69,7 +68,6 @@ def build_sequence_model(
     qk_init_std="unit",
     qk_init_gain=1.0,
     mask_padding=True,
-    implementation="auto",
     name="sequence_model",
     max_len=None,
 ):
@@ -101,11 +99,11 @@ def build_sequence_model(
     Initialization: every random weight gets its own draw from the global
     random state in a fixed build order, so after
     `keras.utils.set_random_seed(s)` the build is reproducible, and models
-    that differ only in `scale` or `qk_norm` (which add only
-    deterministically initialized weights) get identical values for every
-    weight they share. W_V and W_O are Glorot-uniform (the Keras default);
-    W_Q and W_K follow `qk_init_std` and are then multiplied by
-    `qk_init_gain`.
+    that differ only in attention options such as `scale` or `qk_norm`
+    (which add only deterministically initialized weights) get identical
+    values for every weight they share. W_V and W_O are Glorot-uniform (the
+    Keras default); W_Q and W_K follow `qk_init_std` and are then
+    multiplied by `qk_init_gain`.
 
     Padding: with `mask_padding=True` id 0 is padding; its mask hides padded
     keys (and queries) in every attention layer and travels to the logits,
@@ -122,10 +120,13 @@ def build_sequence_model(
         key_dim: `d_k`, the size of each head's queries and keys.
         num_heads: number of attention heads.
         value_dim: size of each head's values; defaults to `key_dim`.
-        scale: score scale of every attention layer: `"sqrt"`
-            (1/sqrt(key_dim)), `"none"`, `"inverse"` (1/key_dim),
-            `"learned"`, `"ssmax"` or a positive number.
-        qk_norm: layer-normalize each head's queries and keys.
+        attention_options: `None`, or a dict of keyword arguments of every
+            `ScaledDotProductAttention` (see
+            `TransformerBlock`'s `attention_options`), passed whole: `scale`
+            (`"sqrt"` by default, `"none"`, `"inverse"`, `"learned"`,
+            `"ssmax"` or a positive number), `qk_norm`, `implementation`
+            (`"auto"`, `"explicit"`, `"fused"`, `"memory_efficient"`),
+            `logit_soft_cap`, ...
         causal: let position i attend only to positions j <= i.
         norm: `"pre"` or `"post"` (see above).
         ff_dim: hidden width of the feed-forward networks; `None` for
@@ -144,8 +145,6 @@ def build_sequence_model(
             initialization (`key_dim**0.25` saturates a scaled model at
             init; `key_dim**-0.25` un-saturates an unscaled one).
         mask_padding: treat id 0 as padding and mask it.
-        implementation: attention implementation passed to the layers
-            (`"auto"`, `"explicit"`, `"fused"`, `"memory_efficient"`).
         name: name of the model.
         max_len: length of the position table; defaults to `seq_len` and
             must be at least `seq_len`.
@@ -222,13 +221,11 @@ def build_sequence_model(
         intermediate_dim=ff_dim,
         activation=ff_activation,
         value_dim=value_dim,
-        scale=scale,
-        qk_norm=qk_norm,
+        attention_options=attention_options,
         norm=norm,
         dropout=dropout,
         query_key_initializer=_query_key_initializer(qk_init_std, d_model),
         query_key_gain=qk_init_gain,
-        implementation=implementation,
     )
 
     tokens = keras.Input(shape=(seq_len,), dtype="int32", name="tokens")

@@ -5,12 +5,13 @@ on `ScaledDotProductAttention`. Floor 2: imports the layer and the core
 (`initializers`, `ops`, `validation`).
 """
 
+import inspect
+
 import keras
 
 from keras_attention.initializers import PerCallInitializer
 from keras_attention.initializers import fresh
 from keras_attention.layer import ScaledDotProductAttention
-from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
 from keras_attention.validation import check_positive_real
@@ -22,6 +23,13 @@ NORM_MODES = ("pre", "post")
 # freshly initialized residual stream and would shrink the normalized
 # components below unit variance.
 LAYER_NORM_EPSILON = 1e-6
+# What `attention_options` may hold: the attention layer's arguments that the
+# block does not set itself (it sets the sizes, dropout, kernels and name).
+ATTENTION_OPTIONS = tuple(
+    name for name in inspect.signature(ScaledDotProductAttention).parameters
+    if name not in ("key_dim", "num_heads", "value_dim", "output_dim",
+                    "dropout", "kernel_initializer", "kwargs")
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -52,8 +60,8 @@ class TransformerBlock(keras.layers.Layer):
     drawn by `kernel_initializer` like W_V and W_O, then drawn again by
     `query_key_initializer` when one is given, and multiplied by
     `query_key_gain`: blocks that differ only in how W_Q and W_K start, or
-    in `scale` and `qk_norm` (whose weights start deterministically), get
-    identical values for every other weight.
+    in attention options such as `scale` and `qk_norm` (whose weights
+    start deterministically), get identical values for every other weight.
 
     Args:
         key_dim: size `d_k` of each head's queries and keys.
@@ -61,10 +69,11 @@ class TransformerBlock(keras.layers.Layer):
         intermediate_dim: hidden width of the feed-forward network; `None`
             for 4 times the input width, `0` for a block without one.
         value_dim: size of each head's values; defaults to `key_dim`.
-        scale: score scale of the attention (see
-            `ScaledDotProductAttention`): `"sqrt"`, `"none"`, `"inverse"`,
-            `"learned"` or a positive number.
-        qk_norm: layer-normalize each head's queries and keys.
+        attention_options: `None`, or a dict of further keyword arguments
+            of the `ScaledDotProductAttention` (any of `ATTENTION_OPTIONS`:
+            `scale`, `qk_norm`, `implementation`, `logit_soft_cap`, ...),
+            passed to it whole and checked by it when the block is built;
+            for example `{"scale": "none", "qk_norm": True}`.
         norm: `"pre"` or `"post"` (see above).
         dropout: dropout rate in `[0, 1)`.
         activation: activation of the feed-forward network's hidden layer
@@ -76,8 +85,6 @@ class TransformerBlock(keras.layers.Layer):
             drawn again with.
         query_key_gain: positive factor applied to W_Q and W_K after
             initialization.
-        implementation: attention implementation (`"auto"`, `"explicit"`,
-            `"fused"`, `"memory_efficient"`).
         attention_name: name of the attention sub-layer, under which
             `keras_attention.record_attention` and the diagnostics report
             it; defaults to `"<name>_attention"`, so stacked blocks'
@@ -114,8 +121,7 @@ class TransformerBlock(keras.layers.Layer):
         num_heads=1,
         intermediate_dim=None,
         value_dim=None,
-        scale="sqrt",
-        qk_norm=False,
+        attention_options=None,
         norm="pre",
         dropout=0.0,
         activation="gelu",
@@ -123,7 +129,6 @@ class TransformerBlock(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         query_key_initializer=None,
         query_key_gain=1.0,
-        implementation="auto",
         attention_name=None,
         **kwargs,
     ):
@@ -133,12 +138,10 @@ class TransformerBlock(keras.layers.Layer):
         self.key_dim = key_dim
         self.num_heads = num_heads
         self.value_dim = value_dim
-        self.scale = scale
-        self.implementation = implementation
+        self.attention_options = _attention_options(attention_options)
         self.intermediate_dim = check_int(
             intermediate_dim, "intermediate_dim", minimum=0, allow_none=True
         )
-        self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.norm = check_choice(norm, "norm", NORM_MODES)
         self.dropout = check_rate(dropout, "dropout")
         try:
@@ -191,11 +194,9 @@ class TransformerBlock(keras.layers.Layer):
             num_heads=self.num_heads,
             value_dim=self.value_dim,
             output_dim=width,
-            scale=self.scale,
-            qk_norm=self.qk_norm,
             dropout=self.dropout,
             kernel_initializer=self.kernel_initializer,
-            implementation=self.implementation,
+            **self.attention_options,
             dtype=self.dtype_policy,
             name=self.attention_name or f"{self.name}_attention",
         )
@@ -296,8 +297,7 @@ class TransformerBlock(keras.layers.Layer):
                 "num_heads": self.num_heads,
                 "intermediate_dim": self.intermediate_dim,
                 "value_dim": self.value_dim,
-                "scale": self.scale,
-                "qk_norm": self.qk_norm,
+                "attention_options": dict(self.attention_options),
                 "norm": self.norm,
                 "dropout": self.dropout,
                 "activation": keras.activations.serialize(self.activation),
@@ -312,11 +312,34 @@ class TransformerBlock(keras.layers.Layer):
                     )
                 ),
                 "query_key_gain": self.query_key_gain,
-                "implementation": self.implementation,
                 "attention_name": self.attention_name,
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # Blocks saved before `attention_options` listed three of them.
+        config = dict(config)
+        old = {name: config.pop(name) for name in ("scale", "qk_norm",
+               "implementation") if name in config}
+        if old:
+            config["attention_options"] = {
+                **old, **(config.get("attention_options") or {})}
+        return super().from_config(config)
+
+
+def _attention_options(options):
+    """`options` as a dict of `ATTENTION_OPTIONS`, or `ValueError`."""
+    options = {} if options is None else options
+    unknown = sorted(set(options) - set(ATTENTION_OPTIONS)) if isinstance(
+        options, dict) else None
+    if unknown is None or unknown:
+        raise ValueError(
+            "`attention_options` must be None or a dict whose keys are among "
+            f"{', '.join(ATTENTION_OPTIONS)}; received {options!r}."
+        )
+    return dict(options)
 
 
 def _per_call(initializer):

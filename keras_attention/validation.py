@@ -2,8 +2,9 @@
 
 Each raises `ValueError` naming the argument and what was expected, the
 message form Keras uses (`` `key_dim` must be a positive integer; received
-0. ``). The pipelines check their flags themselves (with the flag's name),
-so a value is checked once at each public boundary.
+0. ``). The pipelines declare their settings' checks with these functions
+and say `` `key_dim` `` as the flag `--key-dim` (`pipelines.settings.
+usage_error`), so a value is checked once at each public boundary.
 """
 
 import math
@@ -29,7 +30,8 @@ def is_positive_real(value):
     )
 
 
-def check_int(value, name, minimum=1, allow_none=False, expected=None):
+def check_int(value, name, minimum=1, allow_none=False, expected=None,
+              maximum=None):
     """Returns `value` as a Python int, or raises `ValueError` naming `name`.
 
     Args:
@@ -38,14 +40,18 @@ def check_int(value, name, minimum=1, allow_none=False, expected=None):
         minimum: the smallest value accepted.
         allow_none: also accept (and return) `None`.
         expected: how the message describes the valid values (default: "a
-            positive integer" or "an integer >= minimum").
+            positive integer", "an integer >= minimum" or "an integer in
+            [minimum, maximum]").
+        maximum: `None`, or the largest value accepted.
     """
     if value is None and allow_none:
         return None
-    if not is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum or (
+            maximum is not None and value > maximum):
         if expected is None:
             expected = (
-                "a positive integer" if minimum == 1
+                f"an integer in [{minimum}, {maximum}]" if maximum is not None
+                else "a positive integer" if minimum == 1
                 else f"an integer >= {minimum}"
             )
             if allow_none:
@@ -78,6 +84,52 @@ def check_positive_real(value, name):
     return float(value)
 
 
+def check_real(value, name, low=None, high=None, low_open=False,
+               high_open=False, allow_none=False):
+    """Returns `value` as a float if it is a finite number in the interval
+    from `low` to `high` (`None`: unbounded; `low_open`/`high_open` exclude
+    the bound), or `None` with `allow_none`; else raises `ValueError`."""
+    if value is None and allow_none:
+        return None
+    ok = (not isinstance(value, (bool, np.bool_))
+          and isinstance(value, numbers.Real) and math.isfinite(value))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        interval = ("(" if low_open or low is None else "[") + (
+            f"{-math.inf if low is None else low:g}, "
+            f"{math.inf if high is None else high:g}"
+        ) + (")" if high_open or high is None else "]")
+        raise ValueError(
+            f"`{name}` must be a finite number in {interval}"
+            + (" or None" if allow_none else "") + f"; received {value!r}."
+        )
+    return float(value)
+
+
+def check_mode_or_real(value, name, modes, high=None):
+    """Returns `value` if it is one of `modes` (strings), or a finite number
+    in `(0, high]` (as a float); else raises `ValueError`."""
+    if isinstance(value, str) and value in modes:
+        return value
+    if is_positive_real(value) and (high is None or value <= high):
+        return float(value)
+    raise ValueError(
+        f"`{name}` must be one of {', '.join(modes)} or a number in (0, "
+        f"{math.inf if high is None else high:g}]; received {value!r}."
+    )
+
+
+def check_text(value, name, allow_none=False):
+    """Returns `value` if it is a string (or `None` with `allow_none`),
+    else raises `ValueError`."""
+    if not isinstance(value, str) and not (value is None and allow_none):
+        raise ValueError(f"`{name}` must be a string; received {value!r}.")
+    return value
+
+
 def check_bool(value, name):
     """Returns `value` as a Python bool, or raises `ValueError`."""
     if not isinstance(value, (bool, np.bool_)):
@@ -89,7 +141,7 @@ def check_choice(value, name, choices):
     """Returns `value` if it is one of `choices`, else raises `ValueError`."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(
-            f"`{name}` must be one of {', '.join(map(repr, choices))}; "
+            f"`{name}` must be one of {', '.join(choices)}; "
             f"received {value!r}."
         )
     return value

@@ -1,7 +1,7 @@
 """Runnable pipelines built on `keras_attention`: train, compare, variance, export.
 
-Floor 3 of the house. Here live the settings (`settings`, their one
-declaration; `config`, `config_checks`, `flags`), what a training run is
+Floor 3 of the house. Here live the settings (`settings`: declaration,
+task defaults, resolving, checks; `flags`, from them), what a training run is
 built from (`devices`, `builders`, `steps`), what it writes (`run_dir`,
 `tensorboard`), the pipelines themselves (`train`, `export`, `variance`,
 `compare`) and what they share (`common`). These modules may import

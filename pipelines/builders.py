@@ -1,6 +1,6 @@
 """Builders: the task, the model, the optimizer and its schedule of a config.
 
-Each takes a resolved `TrainConfig` (see `pipelines.config.resolve_config`)
+Each takes a resolved `TrainConfig` (see `pipelines.settings.resolve_config`)
 and builds from its settings as they are; none resolves or validates again.
 """
 
@@ -48,7 +48,8 @@ def build_probe_batch(config, task):
 def build_model(config, task=None):
     """Builds the config's model: the task's sizes and the config's model
     settings (its `"model"` group, `build_sequence_model`'s keyword
-    arguments). Uninitialised weights come from the current global random
+    arguments, and its `"attention"` group, the `attention_options`
+    forwarded whole to every attention layer). Uninitialised weights come from the current global random
     state; call `seed_run` first for reproducible weights.
 
     Args:
@@ -65,6 +66,7 @@ def build_model(config, task=None):
         num_classes=task.num_classes,
         token_factors=task.token_factors,
         name=f"{config.task}_model",
+        attention_options=config.group("attention"),
         **config.group("model"),
     )
 

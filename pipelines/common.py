@@ -7,6 +7,7 @@ Nothing here imports another pipeline module; every pipeline may import it.
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -16,6 +17,24 @@ from keras_attention.files import atomic_path
 
 class UsageError(ValueError):
     """Bad flags or config values; the command line reports it and exits 2."""
+
+
+def usage_error(error, flags):
+    """A library `ValueError` as the command line says it: a one-line `UsageError` whose
+    argument names are flags. `flags` maps names to flags: `` `key_dim` `` -> `--key-dim`;
+    `overwrite=True` -> `--overwrite` and `format="onnx"` -> `--format onnx` too. A
+    `UsageError` is returned as it is."""
+    if isinstance(error, UsageError):
+        return error
+
+    def named(match):
+        name, value = match[1] or match[2], match[3]
+        if name not in flags:
+            return match[0]
+        return flags[name] + ("" if value in (None, "True") else " " + value.strip('"'))
+
+    message = re.sub(r'`(\w+)`|\b(\w+)=(True|"\w*")', named, " ".join(str(error).split()))
+    return UsageError(message.rstrip("."))
 
 
 class EnvironmentFailure(Exception):
@@ -114,6 +133,34 @@ def check_writable_directory(path, argument="--logdir"):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{argument} {path} cannot be created: {parent} is not writable")
+
+
+# Files that say a directory is something other than a run, which `train` must not write into
+# (`compare.COMPARISON_JSON`, `sweep.SWEEP_JSON`, `engine.identity.GRID_FILE`, a SavedModel's
+# graph; test_config checks the names agree).
+NOT_A_RUN = {"grid.json": "a grid's root", "comparison.json": "a comparison's root",
+             "sweep.json": "a sweep's root", "saved_model.pb": "an exported SavedModel"}
+
+
+def check_run_outputs(logdir, export):
+    """Raises `UsageError` unless `logdir` can be a run's directory (writable, not a grid's or
+    an export's) and `export` (or `None`) a path outside it: checked before a run starts, as
+    the export would otherwise fail, or replace the run's own files, once training is done."""
+    if not isinstance(logdir, str) or not logdir:
+        raise UsageError(f"--logdir must be a directory; got {logdir!r}")
+    check_writable_directory(logdir, "--logdir")
+    for marker, what in NOT_A_RUN.items():
+        if os.path.exists(os.path.join(logdir, marker)):
+            raise UsageError(f"--logdir {logdir} is {what} ({marker}); train into a directory "
+                             "of its own")
+    if export is None:
+        return
+    if not isinstance(export, str) or not export:
+        raise UsageError(f"--export must be a path; got {export!r}")
+    run_dir = os.path.abspath(logdir)
+    if os.path.commonpath([run_dir, os.path.abspath(export)]) == run_dir:
+        raise UsageError(f"--export {export} is inside the run directory --logdir {logdir}; "
+                         "export to a path outside it")
 
 
 # --------------------------------------------------------------- parsing

@@ -28,7 +28,6 @@ onnx) it is refused in one line, and `.keras` export still works.
 """
 
 import os
-import re
 import subprocess
 import sys
 
@@ -45,6 +44,7 @@ from pipelines.checkpoints import DamagedCheckpoints
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import one_line
+from pipelines.common import usage_error
 from pipelines.failures import writing
 from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import METRICS_FILE
@@ -106,6 +106,10 @@ def resolve_format(path, format=None):
     return format
 
 
+# The arguments of `keras_attention.export` that are this command's flags.
+_FLAGS = {"path": "--out", "format": "--format", "overwrite": "--overwrite"}
+
+
 def check_out_path(path, format=None, overwrite=False, flag="--out"):
     """Checks, touching nothing, that an export may write `path`.
 
@@ -132,11 +136,14 @@ def check_out_path(path, format=None, overwrite=False, flag="--out"):
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise UsageError(f"{flag} must be a path; got {path!r}")
     format = resolve_format(path, format)
+    if flag != "--out" and os.path.lexists(path):  # No --overwrite to offer.
+        raise UsageError(f"{flag} {path} already exists; remove it or choose "
+                         "another")
     try:
         check_packages(format)
         check_export_target(path, format, overwrite)
     except ValueError as error:
-        raise UsageError(_command_line_wording(error, flag)) from None
+        raise usage_error(error, {**_FLAGS, "path": flag}) from None
     return format
 
 
@@ -208,7 +215,7 @@ def export_run(run_dir, path, format=None, overwrite=False):
             written = export_model(model, path, format=format,
                                    overwrite=overwrite)
     except ValueError as error:
-        raise UsageError(_command_line_wording(error)) from None
+        raise usage_error(error, _FLAGS) from None
     return written, format
 
 
@@ -250,20 +257,3 @@ def _restore(run_dir):
             f"--logdir {run_dir}: cannot restore the run's model "
             f"({type(error).__name__}: {one_line(error)})"
         ) from None
-
-
-def _command_line_wording(error, flag="--out"):
-    """A library `ValueError` message in the command line's terms, on one
-    line."""
-    message = " ".join(str(error).split())
-    if flag != "--out":
-        message = message.replace(
-            "pass overwrite=True to replace it", "remove it or choose another"
-        )
-    message = re.sub(r'format="(\w+)"', r"--format \1", message)
-    return (
-        message.replace("`path`", flag)
-        .replace("overwrite=True", "--overwrite")
-        .replace("`format`", "--format")
-        .rstrip(".")
-    )

@@ -1,7 +1,8 @@
-"""The command-line flags of every command that trains (`train`, `compare`).
+"""The command-line flags of every command that trains (`train`, `compare`, `sweep`).
 
 `add_train_arguments(parser)` adds one flag per `TrainConfig` setting, from
-its declaration (`pipelines.settings`: help, group, aliases, metavar);
+its declaration (`pipelines.settings`: flag, help, group, aliases, metavar),
+and names no setting itself;
 `settings_from_args(args)` turns the parsed flags into the layers they give
 (a `--config FILE` layer holding exactly the file's keys, then a `flags`
 layer holding exactly the flags given); `config_from_args(args)` resolves
@@ -11,7 +12,8 @@ Every flag defaults to `None`, which means "not given": a config file can set
 a boolean that `--no-...` then overrides. Numbers are converted by argparse
 (`type=` from the dataclass's annotations), so a bad value exits 2 with one
 line naming the flag. Defaults in the help come from the dataclass and
-`TASK_DEFAULTS`, so they cannot drift from what a run uses.
+`TASK_DEFAULTS`, so they cannot drift from what a run uses; a help that
+states none gets "(default: X)" when the default is a value.
 """
 
 import argparse
@@ -19,16 +21,16 @@ import json
 
 from keras_attention.files import path_problem
 from keras_attention.tasks import TASK_NAMES
-from pipelines.config_checks import flag
-from pipelines.config import SETTINGS
-from pipelines.config import TASK_DEFAULTS
-from pipelines.config import Layer
-from pipelines.config import TrainConfig
 from pipelines.common import UsageError
-from pipelines.config_checks import check_setting_names
-from pipelines.config import resolve_config
 from pipelines.settings import DECLARED
 from pipelines.settings import GROUPS
+from pipelines.settings import SETTINGS
+from pipelines.settings import TASK_DEFAULTS
+from pipelines.settings import Layer
+from pipelines.settings import TrainConfig
+from pipelines.settings import check_names
+from pipelines.settings import flag
+from pipelines.settings import resolve_config
 from pipelines.settings import value_types
 
 _DEFAULTS = TrainConfig()
@@ -76,6 +78,9 @@ def _add(group, name, declared, axis=None, as_list=None):
     `axis` (more option names, maybe none) a plain value takes a list:
     `as_list(convert)` parses it, each item as the single value is."""
     help = declared.help
+    if help is not None and "default" not in help and value_types(name) != (
+            bool,) and getattr(_DEFAULTS, name) is not None:
+        help = (help + " (default: {default})").strip()
     if help is not None:
         help = help.replace("{default}", default_text(name))
     option = flag(name)
@@ -159,8 +164,7 @@ def settings_from_args(args):
 
 def config_from_args(args):
     """The resolved `TrainConfig` of parsed flags: `resolve_config` over
-    `settings_from_args(args)`, whose errors (and an unknown task or
-    unparsable `--scale`) it raises as `UsageError`s naming the flag."""
+    `settings_from_args(args)` (its errors are `UsageError`s naming flags)."""
     return resolve_config(settings_from_args(args))
 
 
@@ -192,5 +196,5 @@ def load_config_file(path):
         raise UsageError(f"--config {path}: not valid JSON ({error})") from None
     except RecursionError:
         raise UsageError(f"--config {path}: nested too deeply") from None
-    check_setting_names(values, f"--config {path}", SETTINGS)
+    check_names(values, f"--config {path}")
     return values

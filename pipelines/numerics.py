@@ -19,7 +19,7 @@ import numpy as np
 from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.checkpoints import last_checkpointed_step
 from pipelines.common import UsageError
-from pipelines.config_checks import flag
+from pipelines.settings import flag
 
 # The settings that set the scores' magnitude at initialisation.
 INIT_SETTINGS = ("scale", "qk_init_std", "qk_init_gain")

@@ -39,8 +39,8 @@ from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import write_json_atomic
 from pipelines.common import WriteFailure
-from pipelines.config import RUNTIME_FIELDS
-from pipelines.config import TrainConfig
+from pipelines.settings import RUNTIME_FIELDS
+from pipelines.settings import TrainConfig
 from pipelines.failures import writing
 from pipelines.locks import run_directory_lock
 

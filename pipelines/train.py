@@ -121,7 +121,7 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
 
     Args:
         config: a resolved `TrainConfig` (see
-            `pipelines.config.resolve_config`).
+            `pipelines.settings.resolve_config`).
         return_model: also return the trained model (a copy of the weights
             outside any distribution strategy).
         hparams_experiment: declare this run's HParams experiment. A

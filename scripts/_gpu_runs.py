@@ -34,7 +34,7 @@ import _training
 from pipelines import cli
 from pipelines.builders import build_task
 from pipelines.common import write_json_atomic
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.tensorboard import read_event_scalars
 
 SCRIPT = os.path.abspath(__file__)

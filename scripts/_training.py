@@ -23,8 +23,8 @@ from keras_attention.tasks import SequenceTask
 from pipelines import steps as steps_module
 from pipelines.builders import build_task
 from pipelines.common import UsageError
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
 from pipelines.tensorboard import read_event_scalars
 from pipelines.train import train
 

@@ -46,8 +46,8 @@ from keras_attention import AttentionMonitor
 from pipelines.builders import build_model
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
 
 PROG = "bench_callback.py"
 _HOOKS = ("on_train_begin", "on_train_batch_begin", "on_epoch_end",

@@ -69,7 +69,7 @@ from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.embeddings import PositionEmbedding
 from pipelines.builders import build_optimizer
 from pipelines.engine.presets import COMPARE_PRESETS
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.devices import open_run_devices
 
 PROG = "bench_train.py"

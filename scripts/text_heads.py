@@ -30,7 +30,7 @@ from keras_attention import record_attention
 from keras_attention.tasks import text_patterns
 from pipelines.builders import build_task
 from pipelines.common import UsageError
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import EARLIER_EVAL_LOGS
 from pipelines.run_dir import EVAL_LOGS

@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 from _backends import MARKED_MODULES  # noqa: E402
 from _backends import OTHER_BACKENDS  # noqa: E402
-from pipelines.config import Layer  # noqa: E402
-from pipelines.config import resolve_config  # noqa: E402
+from pipelines.settings import Layer  # noqa: E402
+from pipelines.settings import resolve_config  # noqa: E402
 
 # Task settings that make a run take seconds on a 2-core CPU.
 TINY_TASKS = {

@@ -23,12 +23,12 @@ from pipelines.backends import BACKENDS
 from pipelines.backends import Devices
 from pipelines.cli import main
 from pipelines.compare import COMPARISON_JSON
-from pipelines.config import CHOICES
-from pipelines.config import SETTINGS
-from pipelines.config import TrainConfig
+from pipelines.settings import CHOICES
+from pipelines.settings import SETTINGS
+from pipelines.settings import TrainConfig
 from pipelines.common import UsageError
-from pipelines.config_checks import NOT_A_RUN
-from pipelines.config_checks import flag as flag_of
+from pipelines.common import NOT_A_RUN
+from pipelines.settings import flag as flag_of
 from pipelines.devices import attention_bytes
 from pipelines.devices import check_memory
 from pipelines.devices import resolve_jit

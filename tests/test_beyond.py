@@ -25,8 +25,8 @@ from pipelines.compare.extrapolate import longer_model
 from pipelines.compare.extrapolate import tiled_positions
 from pipelines.compare.length import length_claim
 from pipelines.compare.length import length_verdict
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
 from pipelines.engine import Grid
 from pipelines.tensorboard import read_event_scalars
 

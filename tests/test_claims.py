@@ -22,8 +22,8 @@ from pipelines.compare.verdicts import learning_verdict
 from pipelines.compare.verdicts import saturation_verdict
 from pipelines.compare.verdicts import status_word
 from pipelines.compare.verdicts import variance_verdict
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
 from pipelines.engine import Grid
 
 KEY_DIMS = [16, 64]

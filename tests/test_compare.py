@@ -27,7 +27,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
 from pipelines import compare
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.engine import ARMS as ALL_ARMS
 from pipelines.tensorboard import read_event_scalars
 

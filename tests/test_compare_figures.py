@@ -28,7 +28,7 @@ from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.compare.figures import make_figures
 from pipelines.compare.series import CURVE_METRICS
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.tensorboard import read_event_scalars
 
 ARMS = ("scaled", "unscaled")

@@ -12,14 +12,15 @@ import re
 import pytest
 
 from keras_attention.models import build_sequence_model
+from keras_attention.transformer_block import ATTENTION_OPTIONS
 from pipelines.cli import main
 from pipelines.common import OneLineErrorParser
 from pipelines.common import UsageError
-from pipelines.config import TASK_DEFAULTS
-from pipelines.config import Layer
-from pipelines.config import TrainConfig
+from pipelines.settings import TASK_DEFAULTS
+from pipelines.settings import Layer
+from pipelines.settings import TrainConfig
 from pipelines.flags import load_config_file
-from pipelines.config import resolve_config
+from pipelines.settings import resolve_config
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.flags import settings_from_args
@@ -268,11 +269,14 @@ def test_the_model_group_is_build_sequence_models_keyword_arguments():
     parameters = inspect.signature(build_sequence_model).parameters
     model_settings = resolve_config([]).group("model")
     assert model_settings and set(model_settings) <= set(parameters)
-    # The rest come from the task (and the model's name).
+    # The rest come from the task (and the model's name); the attention
+    # group is forwarded whole, as `attention_options`, to the layer.
     assert set(parameters) - set(model_settings) == {
         "vocab_size", "seq_len", "num_classes", "token_factors",
-        "mask_padding", "max_len", "name",
+        "mask_padding", "max_len", "name", "attention_options",
     }
+    attention = resolve_config([]).group("attention")
+    assert attention and set(attention) <= set(ATTENTION_OPTIONS)
 
 
 def test_hparams_are_the_declared_settings_one_type_per_name():

@@ -37,8 +37,8 @@ from keras_attention.viz.summary import PLUGIN_NAME
 from keras_attention.viz.summary import summary_tag
 from keras_attention.viz.tensorboard_plugin import AttentionLoader
 from keras_attention.viz.tensorboard_plugin.plugin import static_files
-from pipelines.config import Layer
-from pipelines.config import resolve_config
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
 from pipelines.train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from keras_attention.models import build_sequence_model
 from pipelines import cli
 from pipelines import steps
 from pipelines.compare import COMPARISON_JSON
-from pipelines.config_checks import MAX_LAYERS
+from pipelines.settings import MAX_LAYERS
 from pipelines.devices import _EVAL_BATCH
 from pipelines.engine.flags import MAX_RUNS
 from pipelines.engine.identity import GRID_FILE
@@ -169,7 +169,7 @@ def test_a_folder_an_earlier_version_left_is_read_from_its_report(
     (["train", "--num-layers", "1000"], "--num-layers must be an integer in "
      f"[1, {MAX_LAYERS}] (Keras builds and loads a model by a walk that "
      "recurses once per layer, and Python stops at 1000 frames by default); "
-     "got 1000"),
+     "received 1000"),
     (["compare", "--num-layers", "1,1000"], "--num-layers must be an "
      f"integer in [1, {MAX_LAYERS}]"),
     (["train", "--vocab-size", "1000000000", "--task", "reverse"],

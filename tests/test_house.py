@@ -75,8 +75,6 @@ FLOORS = {
     "pipelines": 3,
     "pipelines.common": 3,
     "pipelines.settings": 3,
-    "pipelines.config": 3,
-    "pipelines.config_checks": 3,
     "pipelines.flags": 3,
     "pipelines.devices": 3,
     "pipelines.builders": 3,

@@ -12,6 +12,7 @@ import pytest
 from keras_attention.layer import ScaledDotProductAttention
 from keras_attention.embeddings import FactoredEmbedding
 from keras_attention.models import build_sequence_model
+from keras_attention.transformer_block import ATTENTION_OPTIONS
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
 
@@ -254,7 +255,8 @@ def test_scale_variants_share_identical_initial_weights():
         dict(scale="sqrt", qk_norm=True),
     ]
     built = [
-        _weights_by_path(_build(seed=11, num_layers=2, **variant))
+        _weights_by_path(_build(seed=11, num_layers=2,
+                                attention_options=variant))
         for variant in variants
     ]
     reference = built[0]
@@ -353,8 +355,7 @@ def test_keras_round_trip_gives_identical_logits(tmp_path):
         token_factors=(4, 3),
         num_classes=3,
         num_layers=2,
-        scale="learned",
-        qk_norm=True,
+        attention_options=dict(scale="learned", qk_norm=True),
         causal=True,
         norm="post",
         dropout=0.1,
@@ -376,7 +377,8 @@ def test_mixed_precision_gives_float32_logits():
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        model = _build(scale="none", key_dim=64, num_layers=2)
+        model = _build(attention_options=dict(scale="none"), key_dim=64,
+                       num_layers=2)
         tokens = _random_tokens(np.random.default_rng(6), 3, 7, 12, low=0)
         tokens[:, -2:] = 0
         logits = model(tokens)
@@ -417,11 +419,15 @@ def test_mixed_precision_gives_float32_logits():
         ("mask_padding", None),
         ("implementation", "flash"),
         ("max_len", 3),  # shorter than seq_len 7
+        ("attention_options", {"key_dim": 4}),  # the block's own argument
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(argument, value):
     options = dict(vocab_size=12, seq_len=7)
-    options[argument] = value
+    if argument in ATTENTION_OPTIONS:  # Forwarded whole to every layer.
+        options["attention_options"] = {argument: value}
+    else:
+        options[argument] = value
     with pytest.raises(ValueError, match=f"`{argument}`"):
         build_sequence_model(**options)
 

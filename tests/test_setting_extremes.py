@@ -1,7 +1,8 @@
 """Every numeric setting of `train` at the extremes of its valid range.
 
 Each numeric setting's valid range comes from its declaration
-(`pipelines.settings.DECLARED`, `config_checks.numeric_range`); the cases are
+(`pipelines.settings.DECLARED`: a `keras_attention.validation` check and its
+bounds, read by `numeric_range`); the cases are
 its lowest and highest valid values and the values just outside, run
 in-process through the command line on the tiniest run. A valid extreme
 either trains (exit 0), stops before the first step with one line naming
@@ -18,10 +19,10 @@ import os
 import numpy as np
 import pytest
 
+from keras_attention import validation
 from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.cli import main
-from pipelines.config_checks import flag
-from pipelines.config_checks import numeric_range
+from pipelines.settings import flag
 from pipelines.settings import DECLARED
 from pipelines.settings import value_types
 from tests.conftest import TINY_LOOP
@@ -60,6 +61,20 @@ _ALONE_SLOW = {(name, end) for group in TOGETHER.values() for name in group
                                                ("warmup_steps", "high")}
 # Valid extremes that diverge in the first steps: exit 1, one line.
 DIVERGE = {("learning_rate", "high"), ("weight_decay", "high")}
+
+
+def numeric_range(check):
+    """`(low, high, low_open, high_open)`: the numbers a declared check
+    accepts, or `None` for a check of something else."""
+    func, bounds = getattr(check, "func", None), getattr(check, "keywords", {})
+    if func is validation.check_int:
+        return bounds["minimum"], bounds["maximum"], False, False
+    if func is validation.check_real:
+        return (bounds["low"], bounds["high"], bounds.get("low_open", False),
+                bounds.get("high_open", False))
+    if func is validation.check_mode_or_real:
+        return 0.0, bounds["high"], True, False
+    return None
 
 
 def _numeric_settings():

@@ -26,10 +26,10 @@ from pipelines.cli import main
 from pipelines.common import UsageError
 from pipelines.builders import build_model
 from pipelines.checkpoints import last_checkpointed_step
-from pipelines.config import TASK_DEFAULTS
-from pipelines.config import Layer
-from pipelines.config import TrainConfig
-from pipelines.config import resolve_config
+from pipelines.settings import TASK_DEFAULTS
+from pipelines.settings import Layer
+from pipelines.settings import TrainConfig
+from pipelines.settings import resolve_config
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.run_dir import restore_model

@@ -10,6 +10,7 @@ import pytest
 
 from keras_attention import TransformerBlock
 from keras_attention import attention_layers
+from keras_attention.transformer_block import ATTENTION_OPTIONS
 
 _numpy = keras.ops.convert_to_numpy
 _erf = np.vectorize(math.erf)
@@ -117,10 +118,12 @@ def test_without_a_feed_forward_network_the_block_is_attention_only():
 
 # ----------------------------------------------------------------- config
 OPTIONS = dict(key_dim=KEY_DIM, num_heads=HEADS, value_dim=VALUE_DIM,
-               intermediate_dim=HIDDEN, scale="learned", qk_norm=True,
+               intermediate_dim=HIDDEN,
+               attention_options=dict(scale="learned", qk_norm=True,
+                                      implementation="explicit"),
                norm="post", dropout=0.1, activation="relu",
                layer_norm_epsilon=1e-5, query_key_initializer="he_normal",
-               query_key_gain=2.0, implementation="explicit")
+               query_key_gain=2.0)
 
 
 def test_get_config_round_trip():
@@ -160,7 +163,8 @@ def test_stacked_blocks_save_and_load_with_identical_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("argument, value", [
-    ("intermediate_dim", -1), ("qk_norm", "yes"), ("norm", "sandwich"),
+    ("intermediate_dim", -1), ("attention_options", {"dropout": 0.1}),
+    ("attention_options", ["scale"]), ("norm", "sandwich"),
     ("dropout", 1.0), ("activation", "swishy"), ("layer_norm_epsilon", 0.0),
     ("query_key_gain", float("nan")), ("attention_name", ""),
 ])
@@ -171,12 +175,14 @@ def test_bad_arguments_raise_value_error_naming_them(argument, value):
 
 @pytest.mark.parametrize("argument, value", [
     ("key_dim", 0), ("num_heads", 1.5), ("value_dim", 0), ("scale", "cosine"),
-    ("scale", -2.0), ("implementation", "flash"),
+    ("scale", -2.0), ("implementation", "flash"), ("qk_norm", "yes"),
 ])
 def test_bad_attention_options_are_refused_by_the_layer_when_built(
     argument, value
 ):
-    block = TransformerBlock(**{"key_dim": 4, argument: value})
+    block = (TransformerBlock(key_dim=4, attention_options={argument: value})
+             if argument in ATTENTION_OPTIONS
+             else TransformerBlock(**{"key_dim": 4, argument: value}))
     with pytest.raises(ValueError, match=f"`{argument}`"):
         block.build((None, LENGTH, WIDTH))
 
@@ -196,7 +202,7 @@ def test_blocks_differing_only_by_scale_share_their_initial_weights():
     for variant in (dict(scale="none"), dict(scale="inverse"),
                     dict(scale="learned"), dict(scale=0.05),
                     dict(qk_norm=True)):
-        weights = _initial_weights(7, **variant)
+        weights = _initial_weights(7, attention_options=variant)
         assert set(reference) <= set(weights), variant
         for path, value in reference.items():
             np.testing.assert_array_equal(value, weights[path],

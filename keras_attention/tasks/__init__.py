@@ -112,10 +112,11 @@ def make_task(name, **options):
         if option not in accepted and value is not None
     )
     if unknown:
-        raise ValueError(
-            f"Unknown option(s) {unknown} for task {name!r}; "
-            f"accepted options: {accepted}."
-        )
+        # Named in backticks, as arguments are (the command line says flags).
+        unknown, accepted = (", ".join(f"`{option}`" for option in names)
+                             for names in (unknown, accepted))
+        raise ValueError(f"Unknown option(s) {unknown} for task {name!r}; "
+                         f"accepted options: {accepted}.")
     return task_class(
         **{option: value for option, value in options.items()
            if option in accepted}

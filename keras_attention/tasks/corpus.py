@@ -164,14 +164,14 @@ def text_paths(text_files):
                                        path))
             if not inside:
                 raise ValueError(
-                    f"`text_files`: {entry}: a directory without a .txt file."
+                    f"`text_files` {entry}: a directory without a .txt file."
                 )
             found += sorted(inside)
         elif os.path.isfile(entry):
             found.append((os.path.basename(entry), entry))
         else:
             raise ValueError(
-                f"`text_files`: {entry}: "
+                f"`text_files` {entry}: "
                 f"{path_problem(entry) or 'not a regular file'} (expected "
                 "a UTF-8 text file or a directory of .txt files)."
             )
@@ -187,23 +187,23 @@ def read_text(path):
     """
     problem = path_problem(path)
     if problem is not None:  # A pipe's `open` would wait for a writer.
-        raise ValueError(f"`text_files`: {path}: {problem}.")
+        raise ValueError(f"`text_files` {path}: {problem}.")
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as error:
         raise ValueError(
-            f"`text_files`: {path}: cannot be read ({error.strerror})."
+            f"`text_files` {path}: cannot be read ({error.strerror})."
         ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(
-            f"`text_files`: {path}: not UTF-8 text (byte "
+            f"`text_files` {path}: not UTF-8 text (byte "
             f"0x{data[error.start]:02x} at offset {error.start})."
         ) from None
     if not text:
-        raise ValueError(f"`text_files`: {path}: empty (no text to train on).")
+        raise ValueError(f"`text_files` {path}: empty (no text to train on).")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

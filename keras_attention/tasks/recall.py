@@ -52,13 +52,13 @@ class RecallTask(SequenceTask):
             num_keys,
             "num_keys",
             minimum=self.num_pairs,
-            expected=f"an integer >= num_pairs ({self.num_pairs}) so that "
+            expected=f"an integer >= `num_pairs` ({self.num_pairs}) so that "
             "keys are distinct",
         )
         self.num_values = check_int(num_values, "num_values", minimum=2)
         if seq_len is not None and seq_len != self.num_pairs + 1:
             raise ValueError(
-                f"`seq_len` for recall must be num_pairs + 1 = "
+                f"`seq_len` for recall must be `num_pairs` + 1 = "
                 f"{self.num_pairs + 1} (or None); received {seq_len!r}."
             )
         self.seq_len = self.num_pairs + 1

@@ -15,7 +15,7 @@ def _check_min_len(min_len, max_len, max_name):
         return None
     if not is_int(min_len) or not 1 <= min_len <= max_len:
         raise ValueError(
-            f"`min_len` must be an integer between 1 and {max_name} = "
+            f"`min_len` must be an integer between 1 and `{max_name}` = "
             f"{max_len}, or None for fixed length; received {min_len!r}."
         )
     return int(min_len)

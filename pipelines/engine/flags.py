@@ -9,7 +9,7 @@ run, except for an axis of the preset, which it replaces. `--arms` and
 `--seeds` give the other two axes; the settings the arms set per run
 (`--scale`, `--qk-norm`, `--arm`) and `--seed` are refused as flags.
 
-Settings are layered as for `train` (`pipelines.config.resolve_config`),
+Settings are layered as for `train` (`pipelines.settings.resolve_config`),
 with the preset between the task defaults and the config file:
 
     dataclass defaults < TASK_DEFAULTS[task] < preset < --config < flags
@@ -23,12 +23,12 @@ from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import parse_count
-from pipelines.config import RUNTIME_FIELDS
-from pipelines.config import SETTINGS
-from pipelines.config import Layer
-from pipelines.config import resolve_config
-from pipelines.config_checks import SEED_LIMIT
-from pipelines.config_checks import flag
+from pipelines.settings import RUNTIME_FIELDS
+from pipelines.settings import SETTINGS
+from pipelines.settings import Layer
+from pipelines.settings import resolve_config
+from pipelines.settings import SEED_LIMIT
+from pipelines.settings import flag
 from pipelines.devices import check_memory
 from pipelines.engine.plan import Grid
 from pipelines.engine.presets import ARM_SETTINGS
@@ -166,29 +166,29 @@ def _sorted(values):
     return sorted(values) if numeric else list(values)
 
 
-def _axes(args, preset):
+def _axes(args, given, preset):
     """The axes the flags and the preset give, in name order (the user's
-    own axes first, the preset's, then the seed); a list flag's values are
-    taken out of `args`, a single value stays a setting."""
-    user = {}
+    own axes first, the preset's, then the seed), and the flags' settings:
+    of the values the flags `given` (`{setting: value}`), a list is an axis,
+    a single value a setting. Returns new values; `args` is left as is."""
+    user, flags = {}, dict(given)
     for name in SETTINGS:
-        values = getattr(args, name, None)
+        values = flags.get(name)
         # A setting whose value is itself a list (`--text-file`, repeated)
         # is one value for every run, not an axis.
         if not isinstance(values, list) or value_types(name) == (list,):
             continue
         if len(values) > 1 or name in preset.axes:
-            user[name] = _sorted(values)
-            setattr(args, name, None)
+            user[name] = _sorted(flags.pop(name))
         else:
-            setattr(args, name, values[0])
+            flags[name] = values[0]
     axes = {name: values for name, values in user.items()
             if name not in preset.axes}
     axes.update({name: user.get(name, list(values))
                  for name, values in preset.axes.items()})
     axes["seed"] = (parse_seeds(args.seeds) if args.seeds
                     else list(range(preset.seeds)))
-    return axes, set(user)
+    return axes, set(user), flags
 
 
 def axis_flag(name):
@@ -224,8 +224,9 @@ def plan_grid(args, command, presets, default_logdir, order=()):
                          f"{args.preset!r}")
     preset = presets[args.preset]
     _refuse_per_run_flags(args, command)
-    axes, given_axes = _axes(args, preset)
-    user = settings_from_args(args)
+    *files, given = settings_from_args(args)
+    axes, given_axes, flags = _axes(args, given.values, preset)
+    user = [*files, Layer(given.source, flags)]
     task = preset.task
     for layer in user:
         task = layer.values.get("task", task)

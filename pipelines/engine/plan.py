@@ -17,7 +17,7 @@ import itertools
 import os
 from typing import Optional
 
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.engine.presets import ARMS
 from pipelines.engine.shards import Shard
 

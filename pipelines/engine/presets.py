@@ -5,14 +5,14 @@ An arm is what one run changes in the training config (the scale, q/k
 normalization, the W_Q, W_K gain). A preset is a whole grid: its axes, arms,
 seeds and the training settings under which the lesson's claims can be
 measured. A preset's settings are laid over `TASK_DEFAULTS[task]` (see
-`pipelines.config`), so every value a preset gives is one where the
+`pipelines.settings`), so every value a preset gives is one where the
 comparison deliberately differs from a plain `train`, with the reason
 beside it.
 """
 
 import dataclasses
 
-from pipelines.config import TASK_DEFAULTS
+from pipelines.settings import TASK_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipelines.builders import build_model
 from pipelines.builders import seed_run
-from pipelines.config import PER_RUN
+from pipelines.settings import PER_RUN
 from pipelines.steps import build_parts
 
 def shape_key(config):

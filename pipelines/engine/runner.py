@@ -22,7 +22,7 @@ import keras
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
-from pipelines.config import TrainConfig
+from pipelines.settings import TrainConfig
 from pipelines.engine.reuse import CompiledRuns
 from pipelines.engine.reuse import shape_key
 from pipelines.locks import RunDirectoryBusy
