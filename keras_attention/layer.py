@@ -20,12 +20,15 @@ from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
 from keras_attention.validation import check_rate
+from keras_attention.validation import check_real
 
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
 
 # Above this many query-key pairs per head, `implementation="auto"` switches
 # to the chunked path, whose memory does not grow with T * S.
 MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
+# The largest `logit_soft_cap`: the scores are float32 (float64 for float64).
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -76,6 +79,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
             and otherwise the fastest path measured on each backend:
             explicit on TensorFlow and JAX, fused on torch. All paths give
             the same numbers.
+        logit_soft_cap: `None`, or a positive number `c`: the scaled scores
+            become `c * tanh(scores / c)` before masking and the softmax
+            (Gemma 2's attention logit soft-capping), so none exceeds `c`.
+            Computed on the explicit path ("auto" takes it);
+            `implementation="fused"` and `"memory_efficient"` refuse it.
         **kwargs: base layer arguments such as `name` and `dtype`.
 
     Call arguments:
@@ -128,6 +136,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         bias_constraint=None,
         seed=None,
         implementation="auto",
+        logit_soft_cap=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -143,6 +152,13 @@ class ScaledDotProductAttention(keras.layers.Layer):
             self._fixed_scale = attention_ops.resolve_scale(scale, key_dim)
         self.dropout = check_rate(dropout, "dropout")
         check_choice(implementation, "implementation", IMPLEMENTATIONS)
+        self.logit_soft_cap = check_real(
+            logit_soft_cap, "logit_soft_cap", low=0.0, high=_FLOAT32_MAX,
+            low_open=True, allow_none=True)
+        if logit_soft_cap is not None and implementation in (
+                "fused", "memory_efficient"):
+            raise ValueError(f'`logit_soft_cap` needs `implementation` "auto" '
+                             f'or "explicit"; received "{implementation}".')
         self.scale = scale
         self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.use_bias = bool(use_bias)
@@ -178,21 +194,15 @@ class ScaledDotProductAttention(keras.layers.Layer):
                     f"shape {tuple(shape)}."
                 )
         heads = self.num_heads
-        self.query_kernel = self._add_kernel(
-            "query_kernel", (query_shape[-1], heads, self.key_dim)
-        )
-        self.key_kernel = self._add_kernel(
-            "key_kernel", (key_shape[-1], heads, self.key_dim)
-        )
-        self.value_kernel = self._add_kernel(
-            "value_kernel", (value_shape[-1], heads, self.value_dim)
-        )
-        if self.use_bias:
-            self.query_bias = self._add_bias("query_bias", (heads, self.key_dim))
-            self.key_bias = self._add_bias("key_bias", (heads, self.key_dim))
-            self.value_bias = self._add_bias(
-                "value_bias", (heads, self.value_dim)
-            )
+        for name, shape, size in (("query", query_shape, self.key_dim),
+                                  ("key", key_shape, self.key_dim),
+                                  ("value", value_shape, self.value_dim)):
+            setattr(self, f"{name}_kernel", self._add_kernel(
+                f"{name}_kernel", (shape[-1], heads, size)))
+        for name, size in (("query", self.key_dim), ("key", self.key_dim),
+                           ("value", self.value_dim)) if self.use_bias else ():
+            setattr(self, f"{name}_bias", self._add_bias(f"{name}_bias",
+                                                         (heads, size)))
         if self.output_dim is not None:
             self.output_kernel = self._add_kernel(
                 "output_kernel", (heads, self.value_dim, self.output_dim)
@@ -338,17 +348,10 @@ class ScaledDotProductAttention(keras.layers.Layer):
         )
         path = self._choose_path(q, k, need_weights, dropout_active, masked)
         if path == "memory_efficient":
-            attended = memory_efficient_attention(
-                q,
-                k,
-                v,
-                scale=scale,
-                key_mask=masks.key,
-                query_mask=masks.query,
-                attention_mask=masks.attention,
-                causal=masks.causal,
-            )
-            return attended, None
+            return memory_efficient_attention(
+                q, k, v, scale=scale, key_mask=masks.key,
+                query_mask=masks.query, attention_mask=masks.attention,
+                causal=masks.causal), None
         mask = masks.combined(ops.shape(q)[1], ops.shape(k)[1])
         if path == "explicit_weights":
             return self._explicit_attention(q, k, v, mask, scale, dropout_active)
@@ -368,7 +371,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
         `stateless_call`); torch fused 28 / 179 / 241 against explicit
         28 / 310 / 497 and memory-efficient 46 / 529 / 425.
         """
-        if need_weights or dropout_active or self._recorder is not None:
+        if (need_weights or dropout_active or self._recorder is not None
+                or self.logit_soft_cap is not None):
             if self.implementation == "memory_efficient" and need_weights:
                 raise ValueError(
                     'implementation="memory_efficient" cannot return '
@@ -409,13 +413,14 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return "explicit"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
-        attended, weights, scores = attention_ops.attend(
-            q, k, v, mask, scale,
-            dropout_rate=self.dropout,
-            training=dropout_active,
-            seed_generator=self.seed_generator,
-            score_offset=self._score_offset,
-        )
+        if self.logit_soft_cap is not None:
+            attended, weights, scores = self._capped_attention(
+                q, k, v, mask, scale, dropout_active)
+        else:
+            attended, weights, scores = attention_ops.attend(
+                q, k, v, mask, scale, dropout_rate=self.dropout,
+                training=dropout_active, seed_generator=self.seed_generator,
+                score_offset=self._score_offset)
         if self._recorder is not None:
             self._recorder[self.name] = {
                 "scores": scores,
@@ -424,13 +429,26 @@ class ScaledDotProductAttention(keras.layers.Layer):
             }
         return attended, weights
 
+    def _capped_attention(self, q, k, v, mask, scale, dropout_active):
+        """`attend` with the scores soft-capped (`c * tanh(s / c)`) before the
+        offset, the mask and the softmax; returns the capped scores."""
+        scores = attention_ops.attention_scores(q, k, scale)
+        # A cap below float32's smallest normal (1.2e-38) would divide by 0
+        # (NaN); the exact scores, within +-c of 0, are as uniform there.
+        cap = ops.cast(max(self.logit_soft_cap, 1.1754944e-38), scores.dtype)
+        scores = cap * ops.tanh(scores / cap)
+        weights = attention_ops.masked_softmax(
+            scores if self._score_offset is None
+            else scores + ops.cast(self._score_offset, scores.dtype), mask)
+        used = weights if not dropout_active else keras.random.dropout(
+            weights, self.dropout, seed=self.seed_generator)
+        return (attention_ops.weighted_values(ops.cast(used, v.dtype), v),
+                weights, scores)
+
     # -------------------------------------------------------- shapes, config
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        width = (
-            self.output_dim
-            if self.output_dim is not None
-            else self.num_heads * self.value_dim
-        )
+        width = (self.output_dim if self.output_dim is not None
+                 else self.num_heads * self.value_dim)
         return (query_shape[0], query_shape[1], width)
 
     def compute_output_spec(
@@ -466,26 +484,14 @@ class ScaledDotProductAttention(keras.layers.Layer):
                 "qk_norm": self.qk_norm,
                 "use_bias": self.use_bias,
                 "dropout": self.dropout,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
                 "seed": self.seed,
                 "implementation": self.implementation,
+                "logit_soft_cap": self.logit_soft_cap,
             }
         )
+        for part, module in (("initializer", keras.initializers),
+                             ("regularizer", keras.regularizers),
+                             ("constraint", keras.constraints)):
+            for name in (f"kernel_{part}", f"bias_{part}"):
+                config[name] = module.serialize(getattr(self, name))
         return config

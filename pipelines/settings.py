@@ -1,15 +1,14 @@
 """The settings of a training run: their declaration, the task defaults, resolving them with
-provenance (`resolve_config`: `config.sources`), and their checks (`config.validate()`).
+provenance (`resolve_config`: `config.sources`) and their checks (`config.validate()`, which
+says a library `ValueError` in flags, `--key-dim must be ...`, by `common.usage_error`).
 
 Each `TrainConfig` field is declared once, by `setting(...)`: type, default, group, help, check
 (a `keras_attention.validation` function; by type when none is given) and kind. The flags
 (`pipelines.flags`), the names below and `build_sequence_model`'s arguments (`group("model")`;
-`group("attention")`, its `attention_options`) derive from it: a new attention option is this
-line and its work in the layer. Layers of settings resolve in this order (later wins):
+`group("attention")`, its `attention_options`) derive from it: a new attention option is one
+line here and its work (and checks) in the layer. Layers resolve in this order (later wins):
 
     dataclass defaults < TASK_DEFAULTS[task] < preset < --config file < flags
-
-A library `ValueError` is reported in flags (`common.usage_error`): `--key-dim must be ...`.
 """
 
 import dataclasses
@@ -22,6 +21,7 @@ import keras
 
 from keras_attention import validation
 from keras_attention.layer import IMPLEMENTATIONS
+from keras_attention.layer import ScaledDotProductAttention
 from keras_attention.models import FF_ACTIVATIONS
 from keras_attention.models import QK_INIT_MODES
 from keras_attention.ops import SCALE_MODES
@@ -165,6 +165,8 @@ class TrainConfig:
         parse=_parse_mode, metavar="{" + ",".join(SCALE_MODES) + ",FLOAT}", hparam=True)
     qk_norm: bool = setting(False, "attention", "layer-normalize queries and keys", hparam=True)
     implementation: str = setting("auto", "attention", "attention kernel", choices=IMPLEMENTATIONS)
+    logit_soft_cap: Optional[float] = setting(None, "attention", "soft cap C of the scores: C * "
+                                              "tanh(s / C)", _POSITIVE_OR_NONE, metavar="C")
     # The optimizer: the rate is the peak, after `warmup_steps` of linear warmup from 0;
     # weight decay is decoupled for adamw, else coupled.
     optimizer: str = setting("adam", "optimizer", "", choices=OPTIMIZERS, hparam=True)
@@ -246,6 +248,7 @@ class TrainConfig:
                 raise UsageError(f"--warmup-steps ({self.warmup_steps}) must not exceed "
                                  f"--steps ({self.steps})")
             make_task(self.task, **self.task_options())
+            ScaledDotProductAttention(self.key_dim, **self.group("attention"))  # Its own checks.
         except ValueError as error:
             raise usage_error(error, FLAGS) from None
         for small, large in (("probe_size", "heldout_size"), ("batch_size", "train_size")):
@@ -295,8 +298,7 @@ def _declared(**wanted):
                  if all(getattr(declared, key) == value for key, value in wanted.items()))
 
 
-CHOICES = {name: declared.choices for name, declared in DECLARED.items()
-           if declared.choices is not None}  # The settings with a fixed set of values.
+CHOICES = {name: declared.choices for name, declared in DECLARED.items() if declared.choices}
 TASK_OPTIONS = _declared(task_option=True)  # None unless the task takes it.
 RUNTIME_FIELDS = _declared(kind=RUNTIME)  # May differ on resume.
 PER_RUN = _declared(per_run=True)  # May differ under one compiled step.
