@@ -179,6 +179,10 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
     assert attention_bytes(config, 1000) == 64 * 1000**2 * 4 * 4
     assert attention_bytes(config.replace(implementation="memory_efficient"),
                            1000) == 16 * 1000**2 * 4 * 4
+    # Past the chunking threshold a capped layer still takes the explicit path.
+    assert attention_bytes(config, 4096) == 16 * 4096**2 * 4 * 4
+    assert attention_bytes(config.replace(logit_soft_cap=30.0), 4096) == (
+        64 * 4096**2 * 4 * 4)
     with pytest.raises(UsageError, match="memory_efficient"):
         check_memory(config, 1000, memory=64 * 1000**2 * 16 - 1)
     check_memory(config, 1000, memory=64 * 1000**2 * 16)
