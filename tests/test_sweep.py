@@ -25,7 +25,7 @@ from pipelines.builders import build_task
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.common import OneLineErrorParser
-from pipelines.plotting import figure_svg
+from pipelines.reports.plotting import figure_svg
 from pipelines.sweep import figures
 from pipelines.sweep.analysis import lr_sensitivity
 from pipelines.sweep.analysis import sensitivities
@@ -256,7 +256,8 @@ def test_sensitivity_against_a_hand_computed_example():
     assert result["per_seed"][0] == pytest.approx(2.6 / 3 - 0.1)
     assert result["per_seed"][1] == pytest.approx(2.6 / 3 - 0.3)
     assert result["mean"] == pytest.approx(2.6 / 3 - 0.2)
-    assert result["sd"] == pytest.approx(0.1)
+    # The sample sd (n - 1) of two values a, b: |a - b| / sqrt(2).
+    assert result["sd"] == pytest.approx(0.2 / 2 ** 0.5)
 
 
 def _verdict(records, optimizer="sgd"):

@@ -93,8 +93,7 @@ from pipelines.compare.claims import evaluate_claims
 from pipelines.compare.extrapolate import check_multiples
 from pipelines.compare.figures import make_figures
 from pipelines.compare.measure import collect
-from pipelines.compare.measure import probe_at_init
-from pipelines.compare.measure import probe_trained
+from pipelines.compare.measure import write_heatmaps
 from pipelines.compare.report import build_comparison
 from pipelines.compare.report import key_dim_table
 from pipelines.compare.report import render_report
@@ -103,6 +102,7 @@ from pipelines.compare.series import figure_data
 from pipelines.compare.tensorboard import EXPERIMENT_METRICS
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
+from pipelines.compare.tensorboard import write_run_hparams_metrics
 from pipelines.compare.verdicts import STATEMENTS
 from pipelines.compare.verdicts import verdict_line
 from pipelines.engine import COMPARE_PRESETS as PRESETS
@@ -111,8 +111,10 @@ from pipelines.engine import check_runs
 from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
-from pipelines.page import render_page
-from pipelines.plotting import write_figures
+from pipelines.reports.page import render_page
+from pipelines.reports.plotting import write_figures
+from pipelines.reports.probes import probe_at_init
+from pipelines.reports.probes import probe_trained
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
@@ -159,6 +161,10 @@ def report(plan, missing, timing, log=print, started=None):
     """
     started = time.time() if started is None else started
     results = collect(plan, log=log)
+    for record in results["runs"]:
+        write_run_hparams_metrics(os.path.join(plan.logdir, record["run"]),
+                                  record, record["steps"] or 0)
+    write_heatmaps(plan.logdir, results["heatmaps"])
     # Claims 1-3 read the slice of the other axes; claims 4-5 every run.
     base_results = sliced(plan, results)
     samples = plan.options.get("variance_samples", 0)

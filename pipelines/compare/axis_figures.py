@@ -13,9 +13,11 @@
                        the evaluated length, trained at the shortest
 """
 
-from pipelines.plotting import colour
-from pipelines.plotting import log2_axis
-from pipelines.plotting import new_figure
+from pipelines.reports.plotting import colour
+from pipelines.reports.plotting import finish_panel
+from pipelines.reports.plotting import log2_axis
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
 
 
 def _claim(document, number):
@@ -29,12 +31,7 @@ def _arms(document, by_arm):
 
 
 def _finish(ax, ylabel, title, unit=True):
-    if unit:
-        ax.set_ylim(-0.02, 1.02)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish_panel(ax, ylabel, title, unit=unit)
 
 
 def depth_accuracy_figure(document):
@@ -45,11 +42,11 @@ def depth_accuracy_figure(document):
     figure, axes = new_figure()
     ax = axes[0][0]
     depths = [row["num_layers"] for row in claim["by_depth"]]
-    for arm in _arms(document, claim["by_depth"][0]["arms"]):
-        rows = [row["arms"][arm] for row in claim["by_depth"]]
-        ax.errorbar(depths, [r["accuracy_mean"] for r in rows],
-                    yerr=[r["accuracy_sd"] or 0.0 for r in rows],
-                    color=colour(arm), marker="o", capsize=3, label=arm)
+    series_panel(ax, [
+        (arm, arm, depths, [r["accuracy_mean"] for r in rows],
+         [r["accuracy_sd"] or 0.0 for r in rows])
+        for arm in _arms(document, claim["by_depth"][0]["arms"])
+        for rows in ([row["arms"][arm] for row in claim["by_depth"]],)])
     log2_axis(ax, depths, "attention layers")
     _finish(ax, "final held-out accuracy",
             f"Accuracy against depth, d_k {claim['key_dim']} (mean ± sd)")
@@ -117,9 +114,11 @@ def length_trained_figure(document):
     figure, axes = new_figure()
     ax = axes[0][0]
     lengths = [row[axis] for row in trained["rows"]]
-    for arm in _arms(document, trained["rows"][0]["arms"]):
-        ax.plot(lengths, [row["arms"][arm]["mean"] for row in trained["rows"]],
-                color=colour(arm), marker="o", label=arm)
+    series_panel(ax, [
+        (arm, arm, lengths, [row["arms"][arm]["mean"]
+                             for row in trained["rows"]], None)
+        for arm in _arms(document, trained["rows"][0]["arms"])],
+        spread="none")
     log2_axis(ax, lengths, axis)
     _finish(ax, "final held-out accuracy", f"Trained at each {axis}")
     return figure
@@ -136,9 +135,10 @@ def length_eval_figure(document):
     for ax, key, title in zip(axes[0], ("accuracy", "relevant_weight"),
                               ("held-out accuracy", "query's weight on "
                                "its pair")):
-        for arm in _arms(document, rows[0]["arms"]):
-            values = [row["arms"][arm][f"{key}_mean"] for row in rows]
-            ax.plot(pairs, values, color=colour(arm), marker="o", label=arm)
+        series_panel(ax, [
+            (arm, arm, pairs, [row["arms"][arm][f"{key}_mean"]
+                               for row in rows], None)
+            for arm in _arms(document, rows[0]["arms"])], spread="none")
         log2_axis(ax, pairs, "evaluated pairs")
         _finish(ax, title, f"Trained at {pairs[0]} pairs")
     return figure

@@ -17,25 +17,13 @@ Each is rewritten from scratch; none is written without its claim.
 """
 
 import os
-import shutil
 
 import numpy as np
 
-from keras_attention.events import SummaryWriter
 from pipelines.compare.length import INIT_STATISTICS
+from pipelines.tensorboard import write_points
 
 DIRECTORIES = ("depth", "length_init", "length", "length_eval")
-
-
-def _write(directory, points):
-    """`points`: `[(tag, value, step)]`; None values are left out."""
-    points = [(tag, value, step) for tag, value, step in points
-              if value is not None]
-    if not points:
-        return
-    with SummaryWriter(directory) as writer:
-        for tag, value, step in points:
-            writer.scalar(tag, float(value), int(step))
 
 
 def _depth_points(row, arm):
@@ -58,8 +46,6 @@ def _depth_points(row, arm):
 
 def write_beyond_scalars(logdir, claims):
     """Writes the scalars of claims 4 and 5 present in `claims`."""
-    for name in DIRECTORIES:
-        shutil.rmtree(os.path.join(logdir, name), ignore_errors=True)
     points = {}
     depth = claims.get("4")
     if depth:
@@ -91,5 +77,5 @@ def write_beyond_scalars(logdir, claims):
                      row["eval_pairs"]),
                     (f"relevant_weight/{arm}",
                      values["relevant_weight_mean"], row["eval_pairs"])])
-    for name, run_points in points.items():
-        _write(os.path.join(logdir, name), run_points)
+    for name in DIRECTORIES:
+        write_points(os.path.join(logdir, name), points.get(name, []))

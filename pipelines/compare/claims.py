@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from pipelines.reports.numbers import mean_sd
+
 # A claim-3 training gap: the scaled model's final accuracy ahead by this
 # much.
 GAP = 0.1
@@ -48,21 +50,6 @@ def group_final_accuracy(results, arm):
                 record["final_accuracy"]
             )
     return grouped
-
-
-# ----------------------------------------------------------- statistics
-def mean_sd(values):
-    """`(mean, sd)` of the non-None values; sd is the sample standard
-    deviation (0 for one value); `(None, None)` for none.
-
-    NumPy, not `statistics.fmean`/`stdev`: on the default comparison those
-    differ from NumPy in the last bits of 9 of 82 means and 15 sds, which
-    would change comparison.json."""
-    values = [float(v) for v in values if v is not None]
-    if not values:
-        return None, None
-    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return float(np.mean(values)), sd
 
 
 def init_values(results, arm, key_dim, key):

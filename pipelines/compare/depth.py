@@ -20,10 +20,10 @@ judged: how far down the stall reaches is the trend.
 from pipelines.common import markdown_table
 from pipelines.compare.axes import in_slice
 from pipelines.compare.claims import GAP
-from pipelines.compare.claims import mean_sd
-from pipelines.compare.formats import fmt
-from pipelines.compare.formats import fmt_mean_sd
-from pipelines.compare.formats import fmt_steps
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import fmt
+from pipelines.reports.numbers import fmt_mean_sd
+from pipelines.reports.numbers import fmt_steps
 from pipelines.compare.series import PAIR
 
 # First-over-last |dL/dscores| ratios within this fraction of each other

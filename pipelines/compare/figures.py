@@ -25,10 +25,11 @@ drawn data can be read back.
 from keras_attention.viz import plot_attention_pair
 from pipelines.compare.axis_figures import AXIS_FIGURES
 from pipelines.compare.series import PAIR
-from pipelines.plotting import colour
-from pipelines.plotting import draw_figures
-from pipelines.plotting import log2_axis
-from pipelines.plotting import new_figure
+from pipelines.reports.plotting import draw_figures
+from pipelines.reports.plotting import finish_panel
+from pipelines.reports.plotting import log2_axis
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
 
 def accuracy_figure(document):
     """(a) Held-out accuracy against the step, one panel per trained d_k."""
@@ -38,27 +39,22 @@ def accuracy_figure(document):
         return None
     figure, axes = new_figure(5.6 * len(key_dims), 3.8, 1, len(key_dims))
     for ax, key_dim in zip(axes[0], key_dims):
-        for curve in curves:
-            series = curve["metrics"]["accuracy"]
-            if curve["key_dim"] != key_dim or not series["steps"]:
-                continue
-            steps, mean, sd = series["steps"], series["mean"], series["sd"]
-            ax.fill_between(steps, [m - s for m, s in zip(mean, sd)],
-                            [m + s for m, s in zip(mean, sd)],
-                            color=colour(curve["arm"]), alpha=0.2,
-                            linewidth=0)
-            ax.plot(steps, mean, color=colour(curve["arm"]), marker=".",
-                    label=f"{curve['arm']} ({len(curve['seeds'])} seeds)")
+        series_panel(ax, [
+            (f"{curve['arm']} ({len(curve['seeds'])} seeds)", curve["arm"],
+             series["steps"], series["mean"],
+             ([m - s for m, s in zip(series["mean"], series["sd"])],
+              [m + s for m, s in zip(series["mean"], series["sd"])]))
+            for curve in curves
+            for series in (curve["metrics"]["accuracy"],)
+            if curve["key_dim"] == key_dim and series["steps"]],
+            spread="band", marker=".")
         target = document.get("target_accuracy")
         if target:
             ax.axhline(target, color="grey", linestyle=":", linewidth=1,
                        label=f"target {target:g}")
-        ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("training step")
-        ax.set_ylabel("held-out accuracy")
-        ax.set_title(f"d_k = {key_dim}: mean ± sd over seeds")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_panel(ax, "held-out accuracy",
+                     f"d_k = {key_dim}: mean ± sd over seeds", unit=True)
     return figure
 
 
@@ -67,15 +63,12 @@ def _per_arm_figure(document, data, ylabel, title, log_y=False):
     ax = axes[0][0]
     key_dims = sorted({k for series in data.values()
                        for k in series["key_dims"]})
-    for arm, series in data.items():
-        ax.errorbar(series["key_dims"], series["mean"], yerr=series["sd"],
-                    color=colour(arm), marker="o", capsize=3, label=arm)
+    series_panel(ax, [(arm, arm, series["key_dims"], series["mean"],
+                       series["sd"]) for arm, series in data.items()])
     log2_axis(ax, key_dims)
     if log_y:
         ax.set_yscale("log", base=2)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    finish_panel(ax, ylabel, title, legend=False)
     return figure, ax
 
 

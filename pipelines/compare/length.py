@@ -28,10 +28,10 @@ from keras_attention.diagnostics import length_at_init
 from pipelines.common import markdown_table
 from pipelines.compare.axes import in_slice
 from pipelines.compare.claims import GAP
-from pipelines.compare.claims import mean_sd
-from pipelines.compare.formats import fmt
-from pipelines.compare.formats import fmt_mean_sd
-from pipelines.compare.formats import fmt_steps
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import fmt
+from pipelines.reports.numbers import fmt_mean_sd
+from pipelines.reports.numbers import fmt_steps
 
 # The init curves' modes: (name, scale, qk_norm).
 INIT_MODES = (("sqrt", "sqrt", False), ("none", "none", False),

@@ -5,77 +5,24 @@ weights, the heat maps of probe attention, and one record per trained run.
 import io
 import os
 
-import keras
 import numpy as np
 
 from keras_attention.diagnostics import SUMMARY_KEYS
-from keras_attention.diagnostics import probe_diagnostics
 from keras_attention.viz import plot_attention
 from pipelines.common import write_bytes_atomic
-from pipelines.builders import build_model
-from pipelines.builders import seed_run
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.compare.axes import axis_values
 from pipelines.compare.axes import in_slice
-from pipelines.compare.tensorboard import write_run_hparams_metrics
-from pipelines.devices import open_run_devices
+from pipelines.reports.probes import probe_at_init
+from pipelines.reports.probes import probe_trained
 from pipelines.run_dir import read_metrics
-from pipelines.run_dir import restore_model
 
 HEATMAP_DIR = "heatmaps"
 # Longest side of a drawn map: a longer context (text at 256 or 512
 # characters) is pooled to at most this many cells a side, since a 512x512
 # map of one PNG panel shows no single cell anyway.
 MAX_HEATMAP_POSITIONS = 128
-
-
-# ---------------------------------------------------------------- probes
-def probe_at_init(config):
-    """The probe diagnostics of a run's initial weights, without training.
-
-    Rebuilds the model exactly as the training pipeline does (global seed,
-    then build), so the weights are those the run starts from.
-
-    Returns:
-        The dict of `keras_attention.diagnostics.probe_diagnostics`.
-    """
-    task = build_task(config)
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(_run_precision(config))
-    try:
-        seed_run(config.seed)
-        model = build_model(config, task)
-        return probe_diagnostics(model, *build_probe_batch(config, task))
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-        _clear_session()
-
-
-def _clear_session():
-    """Resets Keras's global state between probed models, without the full
-    garbage collection `clear_session` runs by default: with TensorFlow
-    loaded one collection took 0.26 s of CPU, 5.9 s of the default
-    comparison's 22 probes (cProfile, CPU clock); the dropped models are
-    reclaimed by Python's own collector instead."""
-    keras.backend.clear_session(free_memory=False)
-
-
-def _run_precision(config):
-    """The dtype policy a run of `config` trains under on this machine."""
-    return open_run_devices(config)[0].precision
-
-
-def probe_trained(config):
-    """The probe diagnostics of a finished run's trained model."""
-    model = restore_model(config.logdir)
-    try:
-        return probe_diagnostics(
-            model, *build_probe_batch(config, build_task(config))
-        )
-    finally:
-        del model
-        _clear_session()
 
 
 def _summary(diagnostics_summary):
@@ -193,20 +140,17 @@ def _run_record(spec, metrics, plan):
 
 
 def _trained_record(spec, plan):
-    """The record of a finished run; writes its HParams metrics."""
+    """The record of a finished run."""
     metrics = read_metrics(spec.config.logdir)
     if metrics is None:
         raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
-    record = _run_record(spec, metrics, plan)
-    write_run_hparams_metrics(spec.config.logdir, record,
-                              record["steps"] or 0)
-    return record
+    return _run_record(spec, metrics, plan)
 
 
-def _write_heatmaps(spec, init, heatmap_dir):
-    """Writes the spec's heat maps at init (and trained, when it was);
-    returns their entries for the report and comparison.json (with the
-    weights drawn and the probe example's token labels)."""
+def _heatmaps(spec, init):
+    """The spec's heat map entries at init (and trained, when it was), for
+    the report and comparison.json: the weights drawn and the probe
+    example's token labels."""
     stages = [("init", init)]
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))
@@ -218,29 +162,35 @@ def _write_heatmaps(spec, init, heatmap_dir):
         filename = f"{spec.name}-{stage}.png"
         weights, labels = pool_attention(probe_attention(diagnostics),
                                          labels_at_full)
-        write_bytes_atomic(
-            os.path.join(heatmap_dir, filename),
-            heatmap_png(weights, labels, f"{spec.name}, {stage}"),
-        )
         entries.append(
             {"arm": spec.arm, "key_dim": spec.key_dim,
              "seed": spec.seed, "stage": stage,
-             "path": f"{HEATMAP_DIR}/{filename}",
-             "labels": labels, "weights": weights.tolist()}
+             "path": f"{HEATMAP_DIR}/{filename}", "title": f"{spec.name}, "
+             f"{stage}", "labels": labels, "weights": weights.tolist()}
         )
     return entries
 
 
+def write_heatmaps(logdir, entries):
+    """Draws each heat map entry of `collect` to its `path` under `logdir`
+    and drops its `"title"` (comparison.json keeps the rest)."""
+    os.makedirs(os.path.join(logdir, HEATMAP_DIR), exist_ok=True)
+    for entry in entries:
+        write_bytes_atomic(
+            os.path.join(logdir, entry["path"]),
+            heatmap_png(np.asarray(entry["weights"]), entry["labels"],
+                        entry.pop("title")))
+
+
 def collect(plan, log=print):
     """Reads the trained runs, measures the untrained key dims at init and
-    renders the heat maps (both in the slice of `axes.sliced` only).
+    the probe attention of the heat maps (both in the slice of
+    `axes.sliced` only); writes nothing (`write_heatmaps` draws them).
 
     Returns:
         A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
     """
     runs, init_only, heatmaps = [], [], []
-    heatmap_dir = os.path.join(plan.logdir, HEATMAP_DIR)
-    os.makedirs(heatmap_dir, exist_ok=True)
     heatmap_key_dim = (
         plan.trained_axis("key_dim")[-1] if plan.trained_axis("key_dim") else plan.axis("key_dim")[-1]
     )
@@ -267,5 +217,5 @@ def collect(plan, log=print):
                 }
             )
         if wants_heatmap:
-            heatmaps += _write_heatmaps(spec, init, heatmap_dir)
+            heatmaps += _heatmaps(spec, init)
     return {"runs": runs, "init_only": init_only, "heatmaps": heatmaps}

@@ -11,7 +11,8 @@ from pipelines.compare.claims import init_values
 from pipelines.compare.claims import run_values
 from pipelines.compare.depth import depth_section
 from pipelines.compare.depth import depth_verdict
-from pipelines.compare.formats import fmt, fmt_mean_sd, fmt_steps, ratio
+from pipelines.reports.numbers import SD_NOTE
+from pipelines.reports.numbers import fmt, fmt_mean_sd, fmt_steps, ratio
 from pipelines.compare.length import length_section
 from pipelines.compare.length import length_verdict
 from pipelines.compare.verdicts import STATEMENTS
@@ -106,6 +107,8 @@ def _header(plan, results, wall_time_s, trained_now):
         + f", batch {base.batch_size}, {base.steps} steps, fresh samples "
         "every step. Runs of the same key_dim and seed share data and initial"
         " weights.",
+        "",
+        SD_NOTE,
         "",
     ]
     if slice_note(plan):

@@ -13,7 +13,7 @@ import os
 
 from pipelines.compare.axes import in_slice
 from pipelines.compare.claims import group_init
-from pipelines.compare.claims import mean_sd
+from pipelines.reports.numbers import mean_sd
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.tensorboard import read_event_scalars
 

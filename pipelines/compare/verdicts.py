@@ -6,7 +6,7 @@ Each function takes a claim's dict from `claims.py` and returns
 
 from pipelines.compare.claims import BITS_GAP
 from pipelines.compare.claims import RATIO_TOLERANCE
-from pipelines.compare.formats import fmt
+from pipelines.reports.numbers import fmt
 
 # The scaled model's score std at init counts as "close to 1" in this range
 # (the lesson assumes unit-variance q and k components).

@@ -43,8 +43,8 @@ from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
 from pipelines.common import parse_int_list
-from pipelines.page import render_page
-from pipelines.plotting import write_figures
+from pipelines.reports.page import render_page
+from pipelines.reports.plotting import write_figures
 from pipelines.sweep.analysis import run_record
 from pipelines.sweep.figures import make_figures
 from pipelines.sweep.init_picture import measure_init

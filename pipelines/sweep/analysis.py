@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from pipelines.reports.numbers import mean_sd
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import read_metrics
 from pipelines.tensorboard import read_event_scalars
@@ -71,13 +72,6 @@ def _groups(records, fields):
     return grouped
 
 
-def _mean_sd(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values))
-
-
 # ----------------------------------------------------------------- curves
 def curves(records):
     """Per (optimizer, key_dim, arm): the learning rates and, per rate, the
@@ -98,8 +92,8 @@ def curves(records):
         ):
             stats = [[value(r) for r in by_rate[(rate,)]] for rate in rates]
             curve[name] = {
-                "mean": [_mean_sd(s)[0] for s in stats],
-                "sd": [_mean_sd(s)[1] for s in stats],
+                "mean": [mean_sd(s)[0] for s in stats],
+                "sd": [mean_sd(s)[1] for s in stats],
                 "min": [min((v for v in s if v is not None), default=None)
                         for s in stats],
                 "max": [max((v for v in s if v is not None), default=None)
@@ -136,7 +130,7 @@ def sensitivities(records):
             init_loss = float(np.mean(init)) if init else math.inf
             per_seed[seed] = lr_sensitivity(
                 [r["final_loss"] for r in runs], init_loss)
-        mean, sd = _mean_sd(list(per_seed.values()))
+        mean, sd = mean_sd(list(per_seed.values()))
         out.append({"optimizer": optimizer, "key_dim": key_dim, "arm": arm,
                     "per_seed": per_seed, "mean": mean, "sd": sd})
     return out
@@ -158,10 +152,10 @@ def best_rates(records):
                        and r["diverged_at_step"] is None
                        for r in by_rate[(rate,)])
 
-        loss = {rate: _mean_sd([capped_loss(r) for r in by_rate[(rate,)]])[0]
+        loss = {rate: mean_sd([capped_loss(r) for r in by_rate[(rate,)]])[0]
                 for rate in rates}
         best = min(rates, key=lambda rate: (loss[rate] is None, loss[rate]))
-        accuracy = _mean_sd([r["final_accuracy"] or 0.0
+        accuracy = mean_sd([r["final_accuracy"] or 0.0
                              for r in by_rate[(best,)]])
         seeds = len(by_rate[(best,)])
         out.append({
