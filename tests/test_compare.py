@@ -372,10 +372,10 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
     plan = compare.plan_from_args(args)
     trained = [spec for spec in plan.runs() if spec.trained]
     assert plan.axis("key_dim") == [16, 64, 256, 1024]
-    assert {(s.arm, s.key_dim) for s in trained} == {
+    assert {(s.arm, s.values["key_dim"]) for s in trained} == {
         ("scaled", 1024), ("unscaled", 1024)
     }
-    assert sorted(s.seed for s in trained) == [0, 0, 1, 1, 2, 2]
+    assert sorted(s.values["seed"] for s in trained) == [0, 0, 1, 1, 2, 2]
     # The lesson's assumption: unit-variance q, k at init, plain SGD.
     base = plan.base
     assert (base.qk_init_std, base.norm, base.optimizer) == ("unit", "pre",

@@ -96,13 +96,6 @@ FLOORS = {
     "pipelines.engine": 3,
     "pipelines.reports": 3,
     "pipelines.compare": 3,
-    "pipelines.compare.axes": 3,
-    "pipelines.compare.depth": 3,
-    "pipelines.compare.length": 3,
-    "pipelines.compare.extrapolate": 3,
-    "pipelines.compare.beyond": 3,
-    "pipelines.compare.axis_figures": 3,
-    "pipelines.compare.axis_tensorboard": 3,
     "pipelines.sweep": 3,
     # 4, the command line.
     "pipelines.cli": 4,

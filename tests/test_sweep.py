@@ -103,15 +103,14 @@ def test_grid_is_the_product_with_each_run_configured():
     assert len(runs) == 3 * 2 * 2 * 2 * 2
     assert plan.axis("learning_rate") == [1e-4, 3e-3]
     assert plan.axis("key_dim") == [16, 64]
-    keys = {(r.arm, r.optimizer, r.learning_rate, r.key_dim, r.seed)
-            for r in runs}
+    names = ("optimizer", "learning_rate", "key_dim", "seed")
+    keys = {(r.arm, *(r.values[name] for name in names)) for r in runs}
     assert len(keys) == len(runs)
     scales = {"scaled": "sqrt", "unscaled": "none", "inverse": "inverse"}
     for run in runs:
         config = run.config
         assert (config.optimizer, config.learning_rate, config.key_dim,
-                config.seed) == (run.optimizer, run.learning_rate,
-                                 run.key_dim, run.seed)
+                config.seed) == tuple(run.values[name] for name in names)
         assert config.scale == scales[run.arm] and config.arm == run.arm
         assert config.logdir == os.path.join("unused", run.name)
         # The comparison's model and task.

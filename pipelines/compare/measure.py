@@ -1,5 +1,7 @@
-"""What a comparison measures: the probe diagnostics of initial and trained
-weights, the heat maps of probe attention, and one record per trained run.
+"""What a comparison measures of its runs, for every claim: one record per
+trained run (`collect`), the init statistics of the key dims measured at
+init only, the probe attention of the heat maps; and how the claims read
+those records (`sliced`, `init_values`, `run_values`, ...).
 """
 
 import io
@@ -12,8 +14,8 @@ from keras_attention.viz import plot_attention
 from pipelines.common import write_bytes_atomic
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
-from pipelines.compare.axes import axis_values
-from pipelines.compare.axes import in_slice
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import mean_sd
 from pipelines.reports.probes import probe_at_init
 from pipelines.reports.probes import probe_trained
 from pipelines.run_dir import read_metrics
@@ -114,9 +116,9 @@ def _run_record(spec, metrics, plan):
     final = diagnostics.get("final") or {}
     record = {
         "arm": spec.arm,
-        "key_dim": spec.key_dim,
-        "seed": spec.seed,
-        **axis_values(plan, spec.values),
+        "key_dim": spec.values["key_dim"],
+        "seed": spec.values["seed"],
+        **_slice_values(plan, spec.values),
         "run": spec.name,
         "final_accuracy": metrics.get("heldout_accuracy"),
         "final_loss": metrics.get("heldout_loss"),
@@ -137,6 +139,12 @@ def _run_record(spec, metrics, plan):
         record["layers"] = {"init": layer_profile(init),
                             "final": layer_profile(final)}
     return record
+
+
+def _slice_values(plan, values):
+    """A run's values of the axes besides d_k and the seed, for its
+    record."""
+    return {name: values[name] for name in plan.slice()}
 
 
 def _trained_record(spec, plan):
@@ -163,8 +171,8 @@ def _heatmaps(spec, init):
         weights, labels = pool_attention(probe_attention(diagnostics),
                                          labels_at_full)
         entries.append(
-            {"arm": spec.arm, "key_dim": spec.key_dim,
-             "seed": spec.seed, "stage": stage,
+            {"arm": spec.arm, "key_dim": spec.values["key_dim"],
+             "seed": spec.values["seed"], "stage": stage,
              "path": f"{HEATMAP_DIR}/{filename}", "title": f"{spec.name}, "
              f"{stage}", "labels": labels, "weights": weights.tolist()}
         )
@@ -184,8 +192,8 @@ def write_heatmaps(logdir, entries):
 
 def collect(plan, log=print):
     """Reads the trained runs, measures the untrained key dims at init and
-    the probe attention of the heat maps (both in the slice of
-    `axes.sliced` only); writes nothing (`write_heatmaps` draws them).
+    the probe attention of the heat maps (both in the grid's slice
+    only); writes nothing (`write_heatmaps` draws them).
 
     Returns:
         A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
@@ -198,11 +206,10 @@ def collect(plan, log=print):
     for spec in plan.runs():
         if spec.trained:
             runs.append(_trained_record(spec, plan))
-        if not in_slice(plan, spec.values):
+        if not plan.in_slice(spec.values):
             continue
-        wants_heatmap = (
-            spec.key_dim == heatmap_key_dim and spec.seed == heatmap_seed
-        )
+        wants_heatmap = (spec.values["key_dim"] == heatmap_key_dim
+                         and spec.values["seed"] == heatmap_seed)
         init = None
         if wants_heatmap or not spec.trained:
             init = probe_at_init(spec.config)
@@ -210,12 +217,69 @@ def collect(plan, log=print):
             init_only.append(
                 {
                     "arm": spec.arm,
-                    "key_dim": spec.key_dim,
-                    "seed": spec.seed,
-                    **axis_values(plan, spec.values),
+                    "key_dim": spec.values["key_dim"],
+                    "seed": spec.values["seed"],
+                    **_slice_values(plan, spec.values),
                     "init": _summary(init["summary"]),
                 }
             )
         if wants_heatmap:
             heatmaps += _heatmaps(spec, init)
     return {"runs": runs, "init_only": init_only, "heatmaps": heatmaps}
+
+
+# ------------------------------------------------ reading the records
+def sliced(plan, results):
+    """`results` restricted to the grid's slice (`Grid.slice`), the runs
+    the claims over d_k read (the heat maps are drawn in it only)."""
+    if not plan.slice():
+        return results
+    return {key: ([record for record in records if plan.in_slice(record)]
+                  if key in ("runs", "init_only") else records)
+            for key, records in results.items()}
+
+
+def has_pair(plan):
+    """Whether the grid has both arms of the pair (`presets.PAIR`)."""
+    return all(arm in plan.arms for arm in PAIR)
+
+
+def group_init(results):
+    """`{arm: {key_dim: [init summary, ...]}}` over trained and init-only
+    runs."""
+    grouped = {}
+    for record in results["runs"] + results["init_only"]:
+        if record["init"] is not None:
+            grouped.setdefault(record["arm"], {}).setdefault(
+                record["key_dim"], []).append(record["init"])
+    return grouped
+
+
+def init_values(results, arm, key_dim, key):
+    """The init statistic `key` of every seed of (arm, key_dim)."""
+    return [record["init"][key]
+            for record in results["runs"] + results["init_only"]
+            if record["arm"] == arm and record["key_dim"] == key_dim
+            and record["init"] is not None]
+
+
+def run_values(results, arm, key_dim, getter):
+    """`getter(record)` of every trained run of (arm, key_dim)."""
+    return [getter(record) for record in results["runs"]
+            if record["arm"] == arm and record["key_dim"] == key_dim]
+
+
+def init_points(results, keys):
+    """`[(init/<key>/<arm>, mean over seeds, d_k)]` of the init statistics
+    `keys`, for a claim's TensorBoard scalars over d_k."""
+    return [(f"init/{key}/{arm}", mean_sd([s[key] for s in summaries])[0],
+             key_dim)
+            for arm, by_key_dim in group_init(results).items()
+            for key_dim, summaries in sorted(by_key_dim.items())
+            for key in keys]
+
+
+def document_arms(document, by_arm):
+    """The arms of `by_arm` in the comparison's order (comparison.json
+    keeps its keys sorted)."""
+    return [arm for arm in document["arms"] if arm in by_arm]

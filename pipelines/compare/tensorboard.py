@@ -1,19 +1,16 @@
 """What a comparison adds to TensorBoard: each run's HParams metrics, in
 its `validation/` run beside its HParams session (the experiment is the
-grid's, `pipelines.engine`); and two runs of its own: `claims` (the claim
-scalars over d_k, a tag per arm) and `curves` (the arms' curves, mean and
-± sd over seeds, a tag per arm and d_k), each with a custom-scalars layout
-that puts every arm in one chart. A run per arm made TensorBoard list 30
-runs for a comparison of 6.
+grid's, `pipelines.engine`); the runs of the claims' scalars (`claims/`
+over d_k, `depth/`, `length*/`), a tag per arm; and `curves/` (the arms'
+curves, mean and ± sd over seeds, a tag per arm and d_k). `claims/` and
+`curves/` have a custom-scalars layout that puts every arm in one chart (a
+run per arm made TensorBoard list 30 runs for a comparison of 6).
 """
 
 import os
 
-import numpy as np
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from pipelines.compare.claims import group_final_accuracy
-from pipelines.compare.claims import group_init
 from pipelines.compare.series import CURVE_METRICS
 from pipelines.tensorboard import multiline_layout
 from pipelines.tensorboard import write_end_metrics
@@ -27,9 +24,7 @@ CLAIMS_CATEGORY = "claims: each arm over d_k"
 # rerun replaces.
 METRICS_SUFFIX = ".comparison"
 
-# The init statistics plotted over d_k, and those kept as HParams metrics.
-_CLAIM_SCALARS = ("score_std", "entropy_normalized", "saturated_fraction",
-                  "grad_norm_scores")
+# The init statistics kept as HParams metrics.
 _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
                  "grad_norm_scores")
 
@@ -63,28 +58,20 @@ EXPERIMENT_METRICS = (
 )
 
 
-def claim_points(results):
-    """The claim scalars over d_k (step = d_k) for the run `claims/`:
-    `init/<statistic>/<arm>` and `final/accuracy/<arm>`, means over seeds."""
-    points = []
-    for arm, by_key_dim in group_init(results).items():
-        for key_dim, summaries in sorted(by_key_dim.items()):
-            points += [(f"init/{key}/{arm}",
-                        float(np.mean([s[key] for s in summaries])), key_dim)
-                       for key in _CLAIM_SCALARS]
-        points += [(f"final/accuracy/{arm}", float(np.mean(accuracies)),
-                    key_dim) for key_dim, accuracies in sorted(
-                        group_final_accuracy(results, arm).items())]
-    return points
-
-
-def write_claim_scalars(logdir, results):
-    """Writes `claim_points` to the run `logdir/claims/`, with a layout of
-    one chart per statistic, every arm in it."""
-    write_points(os.path.join(logdir, CLAIMS_DIR), claim_points(results),
-                 multiline_layout(CLAIMS_CATEGORY, [
-                     (f"init/{key}", f"init/{key}/") for key in _CLAIM_SCALARS
-                 ] + [("final/accuracy", "final/accuracy/")]))
+def write_claim_scalars(logdir, points):
+    """Writes each claim's scalars `{run: [(tag, value, step)]}` to its
+    TensorBoard run under `logdir`, rewritten from scratch (an empty list
+    removes the run). The run `claims/` (over d_k) has a custom-scalars
+    layout of one chart per statistic, every arm in it."""
+    for run, run_points in points.items():
+        layout = None
+        if run == CLAIMS_DIR:
+            # `init/score_std/scaled` -> the chart `init/score_std`.
+            charts = dict.fromkeys(tag.rsplit("/", 1)[0]
+                                   for tag, _, _ in run_points)
+            layout = multiline_layout(CLAIMS_CATEGORY, [
+                (chart, chart + "/") for chart in charts])
+        write_points(os.path.join(logdir, run), run_points, layout)
 
 
 def curve_tag(curve, metric):

@@ -17,11 +17,10 @@ from matplotlib.figure import Figure
 
 from pipelines.common import write_bytes_atomic
 from pipelines.engine.presets import ARMS
+from pipelines.engine.presets import MODE_ARMS
 
 FIGURE_DIR = "figures"
 _PNG_DPI = 120
-# Scale modes share their arm's colour (sqrt is the scaled arm's, ...).
-_MODE_ARMS = {"sqrt": "scaled", "none": "unscaled"}
 
 
 def new_figure(width=6.4, height=4.0, rows=1, columns=1):
@@ -38,7 +37,8 @@ def colour(name):
     same in every figure of every report."""
     palette = matplotlib.colormaps["tab10"].colors
     names = list(ARMS)
-    name = _MODE_ARMS.get(name, name)
+    # A scale mode has its arm's colour (sqrt the scaled arm's, ...).
+    name = MODE_ARMS.get(name, name)
     index = names.index(name) if name in names else len(names) + sum(
         map(ord, str(name)))
     return palette[index % len(palette)]

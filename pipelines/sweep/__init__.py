@@ -23,10 +23,9 @@ shapes match); this package is the report over its runs. Under `LOGDIR`:
                                        learning rate, d_k, seed; end metrics
                                        in each <run>/validation/)
 
-The package (floor 3, pipelines): analysis, init_picture, figures,
-tensorboard and report; they import keras_attention, the engine, the
-pipelines below them and `pipelines.compare.measure` (the probe at init),
-never pipelines.cli.
+The package: analysis (records, curves, sensitivity, verdicts),
+init_picture, figures, tensorboard and report, over the reports' toolkit
+(`pipelines.reports`); it never imports `pipelines.compare`.
 """
 
 import os

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import mean_sd
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import read_metrics
@@ -19,8 +20,9 @@ from pipelines.tensorboard import read_event_scalars
 # The final diagnostics each record keeps (`keras_attention.diagnostics`).
 FINAL_DIAGNOSTICS = ("entropy_normalized", "saturated_fraction",
                      "max_abs_score", "score_std")
-REFERENCE_ARM = "scaled"
-QUESTION_ARM = "unscaled"
+# The verdicts ask whether the learning rate rescues the pair's second arm
+# and compare it with the first.
+REFERENCE_ARM, QUESTION_ARM = PAIR
 
 
 # ---------------------------------------------------------------- records
@@ -35,9 +37,9 @@ def run_record(run):
     final = (diagnostics.get("final") or {}).get("summary") or {}
     diverged = metrics.get("diverged_at_step") is not None
     return {
-        "run": run.name, "arm": run.arm, "optimizer": run.optimizer,
-        "learning_rate": run.learning_rate, "key_dim": run.key_dim,
-        "seed": run.seed,
+        "run": run.name, "arm": run.arm,
+        **{name: run.values[name] for name in ("optimizer", "learning_rate",
+                                               "key_dim", "seed")},
         # A diverged run has no final loss: the last evaluation came before
         # the loss became non-finite.
         "final_loss": None if diverged else metrics.get("heldout_loss"),

@@ -12,12 +12,13 @@ run's initial weights.
 import numpy as np
 
 from pipelines.engine.presets import ARMS
+from pipelines.engine.presets import MODE_ARMS
 from pipelines.reports.numbers import mean_sd
 from pipelines.reports.probes import probe_at_init
 
-# Scale mode -> the comparison arm that has it.
-MODES = {"sqrt": "scaled", "none": "unscaled", "inverse": "inverse",
-         "qk_norm": "qk_norm"}
+# Scale mode -> the arm that has it, for the modes of the picture.
+MODES = {mode: MODE_ARMS[mode] for mode in ("sqrt", "none", "inverse",
+                                            "qk_norm")}
 STATISTICS = ("score_std", "entropy_normalized", "max_abs_score")
 
 

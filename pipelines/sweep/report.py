@@ -1,6 +1,6 @@
 """The sweep's report: `sweep.json` (the document) and `sweep.md`, built
 from the same document (`sweep.html` is `sweep.md` made self-contained,
-`pipelines.page`)."""
+`pipelines.reports.page`)."""
 
 from pipelines.common import markdown_table
 from pipelines.reports.numbers import SD_NOTE
@@ -124,7 +124,7 @@ def _summary_lines(document):
 
 def render_markdown(document, figures=()):
     """`sweep.md`; `figures` are the entries of
-    `pipelines.plotting.write_figures`."""
+    `pipelines.reports.plotting.write_figures`."""
     best, init, runs = _tables(document)
     lines = ["# Learning-rate sweep: does the scale matter once the rate is "
              "tuned?", "", *_summary_lines(document), ""]
