@@ -262,7 +262,7 @@ def run(args):
     """Runs `keras-attention compare`; prints the tables and verdicts."""
     plan = plan_from_args(args)
     trained = plan.trained_runs()
-    others = [name for name in plan.axes if name not in ("key_dim", "seed")]
+    others = list(plan.slice())
     print(
         f"Comparing {', '.join(plan.arms)} on {plan.base.task}: "
         f"{len(trained)} training runs of {plan.base.steps} steps (d_k "

@@ -26,25 +26,6 @@ def mean_sd(values):
     return float(np.mean(values)), sd
 
 
-def over_seeds(records, by, value):
-    """Groups `records` (dicts) by the fields `by` and takes `value(record)`
-    of each.
-
-    Returns:
-        `{key: {"values", "mean", "sd"}}`, `key` the tuple of the `by`
-        fields, in the order first seen; `mean`, `sd` as `mean_sd`.
-    """
-    grouped = {}
-    for record in records:
-        key = tuple(record[name] for name in by)
-        grouped.setdefault(key, []).append(value(record))
-    out = {}
-    for key, values in grouped.items():
-        mean, sd = mean_sd(values)
-        out[key] = {"values": values, "mean": mean, "sd": sd}
-    return out
-
-
 def ratio(numerator, denominator):
     """`numerator / denominator`, or None when either is missing (or the
     denominator is 0)."""
