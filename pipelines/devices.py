@@ -8,6 +8,9 @@ splits over the replicas, and returns the config with what it resolved.
 """
 
 import os
+import types
+
+import keras
 
 from keras_attention.layer import MEMORY_EFFICIENT_THRESHOLD
 from pipelines.backends import backend_module
@@ -39,6 +42,25 @@ def resolve_precision(precision, devices):
         return ("mixed_float16" if devices.backend == "tensorflow"
                 else "mixed_bfloat16")
     return "float32"
+
+
+def probe_precision(config):
+    """The dtype policy a run of `config` trains under on this machine, as
+    `open_run_devices` resolves it, found without setting up the devices:
+    probing a run's weights needs the policy, not a distribution (on JAX,
+    opening the devices sets one globally). A TPU counts when the config
+    names its strategy."""
+    if config.precision != "auto":
+        return config.precision
+    if config.backend == "torch":
+        # Keras lists no torch devices; torch's own count sets up nothing.
+        devices = backend_module("torch").open_devices("default")
+    else:
+        kind = keras.distribution.list_devices()[0].split(":")[0]
+        devices = types.SimpleNamespace(
+            backend=config.backend,
+            accelerator="tpu" if config.strategy == "tpu" else kind)
+    return resolve_precision("auto", devices)
 
 
 def resolve_jit(jit_compile, devices, source="flags"):

@@ -14,8 +14,12 @@ plugin's `summary_v2` (its `api` module imports TensorFlow).
 import glob
 import json
 import os
+import re
+import shutil
 from typing import NamedTuple
 
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.util.tensor_util import make_ndarray
 
@@ -180,6 +184,40 @@ def write_end_metrics(run_dir, values, step, suffix):
     with SummaryWriter(directory, filename_suffix=suffix) as writer:
         for tag, value in values.items():
             writer.scalar(tag, float(value), int(step))
+
+
+def write_points(directory, points, layout=None):
+    """Rewrites the TensorBoard run `directory` from scratch: scalars over
+    an axis (d_k, depth, length, the step), each point `(tag, value,
+    step)`; None values are left out, and without a point there is no run.
+    `layout`: a custom-scalars `Layout` written with them."""
+    shutil.rmtree(directory, ignore_errors=True)
+    points = [(tag, value, step) for tag, value, step in points
+              if value is not None]
+    if not points:
+        return
+    with SummaryWriter(directory) as writer:
+        if layout is not None:
+            # What the plugin's `summary.pb` builds (it imports
+            # TensorFlow): the serialized layout as a string scalar under
+            # the plugin's config tag.
+            writer.tensor(custom_scalar_metadata.CONFIG_SUMMARY_TAG,
+                          layout.SerializeToString(), 0,
+                          custom_scalar_metadata.create_summary_metadata())
+        for tag, value, step in points:
+            writer.scalar(tag, float(value), int(step))
+
+
+def multiline_layout(category, charts):
+    """A custom-scalars layout of multiline charts `(title, tag prefix)`,
+    every tag under a prefix in its chart."""
+    return layout_pb2.Layout(category=[layout_pb2.Category(
+        title=category,
+        chart=[layout_pb2.Chart(
+            title=title,
+            multiline=layout_pb2.MultilineChartContent(
+                tag=["^" + re.escape(prefix)]))
+            for title, prefix in charts])])
 
 
 # ------------------------------------------------------------------ HParams

@@ -17,14 +17,14 @@ from pipelines import cli
 from pipelines.builders import build_model
 from pipelines.builders import build_task
 from pipelines.builders import seed_run
-from pipelines.compare.beyond import evaluated_runs
-from pipelines.compare.depth import depth_claim
-from pipelines.compare.depth import depth_verdict
-from pipelines.compare.extrapolate import evaluate
-from pipelines.compare.extrapolate import longer_model
-from pipelines.compare.extrapolate import tiled_positions
-from pipelines.compare.length import length_claim
-from pipelines.compare.length import length_verdict
+from pipelines.compare.claims.depth import depth_claim
+from pipelines.compare.claims.depth import depth_verdict
+from pipelines.compare.claims.length import length_claim
+from pipelines.compare.claims.length import length_verdict
+from pipelines.compare.claims.length_measures import evaluate
+from pipelines.compare.claims.length_measures import evaluated_runs
+from pipelines.compare.claims.length_measures import longer_model
+from pipelines.compare.claims.length_measures import tiled_positions
 from pipelines.settings import Layer
 from pipelines.settings import resolve_config
 from pipelines.engine import Grid
@@ -213,7 +213,8 @@ def test_the_runs_evaluated_at_lengths():
     grid = _grid({"num_pairs": [16, 64], "num_layers": [1, 2]},
                  arms=("scaled", "ssmax"))
     grid.options["length_multiples"] = [1, 2, 4]
-    chosen = {(run.arm, run.num_pairs, run.num_layers, run.seed): multiples
+    chosen = {(run.arm, *(run.values[name] for name in (
+                  "num_pairs", "num_layers", "seed"))): multiples
               for run, multiples in evaluated_runs(grid)}
     # One layer only (the slice of the other axis); the shortest length
     # at every multiple, the longer one at its own length.

@@ -12,16 +12,17 @@ import pytest
 
 from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines.compare import evaluate_claims
+from pipelines.compare import grid_claims
 from pipelines.compare import render_report
-from pipelines.compare.claims import learning_claim
-from pipelines.compare.claims import mean_sd
-from pipelines.compare.claims import saturation_claim
-from pipelines.compare.claims import variance_claim
-from pipelines.compare.verdicts import control_lines
-from pipelines.compare.verdicts import learning_verdict
-from pipelines.compare.verdicts import saturation_verdict
-from pipelines.compare.verdicts import status_word
-from pipelines.compare.verdicts import variance_verdict
+from pipelines.compare.claims.learning import control_lines
+from pipelines.compare.claims.learning import learning_claim
+from pipelines.compare.claims.learning import learning_verdict
+from pipelines.compare.claims.saturation import saturation_claim
+from pipelines.compare.claims.saturation import saturation_verdict
+from pipelines.compare.claims.variance import variance_claim
+from pipelines.compare.claims.variance import variance_verdict
+from pipelines.compare.report import status_word
+from pipelines.reports.numbers import mean_sd
 from pipelines.settings import Layer
 from pipelines.settings import resolve_config
 from pipelines.engine import Grid
@@ -199,7 +200,7 @@ def test_claims_need_both_arms():
     results = _results(
         {"scaled": [0.95, 0.9], "learned": [0.9, 0.9]},
         arms=("scaled", "learned"))
-    claims = evaluate_claims(plan, results, [])
+    claims = evaluate_claims(plan, {**results, "variance": []})
     assert [claims[n]["holds"] for n in "123"] == [None, None, None]
     assert saturation_verdict(claims["2"]) == (
         ["Needs the scaled and unscaled arms."], None)
@@ -284,8 +285,9 @@ def test_control_arms_explain_a_gap():
 
 def test_report_shows_the_verdicts_and_the_seed_means():
     plan, results = _plan(), _results()
-    claims = evaluate_claims(plan, results, _variance_rows())
-    report = render_report(plan, results, _variance_rows(), claims,
+    results = {**results, "variance": _variance_rows()}
+    claims = evaluate_claims(plan, results)
+    report = render_report(plan, results, grid_claims(plan), claims,
                            wall_time_s=12.4, trained_now=["a"])
     for number in "123":
         assert f"**Claim {number}." in report

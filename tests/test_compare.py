@@ -20,6 +20,7 @@ import time
 import urllib.parse
 import urllib.request
 
+import keras
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import plugin_event_multiplexer
@@ -28,6 +29,8 @@ from keras_attention.diagnostics import SUMMARY_KEYS
 from pipelines import cli
 from pipelines import compare
 from pipelines.settings import TrainConfig
+from pipelines.devices import open_run_devices
+from pipelines.devices import probe_precision
 from pipelines.engine import ARMS as ALL_ARMS
 from pipelines.tensorboard import read_event_scalars
 
@@ -286,6 +289,21 @@ def test_init_only_probe_reproduces_the_runs_initial_state(comparison):
         ), key
 
 
+def test_probe_precision_is_the_runs_and_sets_up_nothing(comparison):
+    # The second code path: the precision the run's devices resolve.
+    logdir, _, _ = comparison
+    config = TrainConfig.from_dict(json.load(open(os.path.join(
+        logdir, f"scaled-dk{TRAINED_KEY_DIM}-seed0", "config.json"))))
+    distribution = keras.distribution.distribution()
+    for precision in ("auto", "float32", "mixed_bfloat16"):
+        wanted = config.replace(precision=precision)
+        assert probe_precision(wanted) == \
+            open_run_devices(wanted)[0].precision
+    keras.distribution.set_distribution(distribution)
+    assert probe_precision(config.replace(precision="auto")) == "float32"
+    assert keras.distribution.distribution() is distribution
+
+
 def test_rerun_skips_complete_runs_and_resumes_missing_ones(comparison):
     logdir, _, _ = comparison
     # A copy, so the other tests keep reading the original.
@@ -354,10 +372,10 @@ def test_presets_and_arms_make_the_planned_runs(tmp_path):
     plan = compare.plan_from_args(args)
     trained = [spec for spec in plan.runs() if spec.trained]
     assert plan.axis("key_dim") == [16, 64, 256, 1024]
-    assert {(s.arm, s.key_dim) for s in trained} == {
+    assert {(s.arm, s.values["key_dim"]) for s in trained} == {
         ("scaled", 1024), ("unscaled", 1024)
     }
-    assert sorted(s.seed for s in trained) == [0, 0, 1, 1, 2, 2]
+    assert sorted(s.values["seed"] for s in trained) == [0, 0, 1, 1, 2, 2]
     # The lesson's assumption: unit-variance q, k at init, plain SGD.
     base = plan.base
     assert (base.qk_init_std, base.norm, base.optimizer) == ("unit", "pre",

@@ -26,7 +26,8 @@ from _pages import chromium
 from pipelines import cli
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
-from pipelines.compare.figures import make_figures
+from pipelines.compare.claims import CLAIMS
+from pipelines.compare.report import make_figures
 from pipelines.compare.series import CURVE_METRICS
 from pipelines.settings import TrainConfig
 from pipelines.tensorboard import read_event_scalars
@@ -124,7 +125,7 @@ def test_figure_data_are_the_records_statistics(comparison):
 
 def test_figures_draw_the_values_of_comparison_json(comparison):
     logdir, _, document = comparison
-    figures = {name: figure for name, _, figure in make_figures(document)}
+    figures = {name: figure for name, _, figure in make_figures(document, CLAIMS.values())}
     assert set(figures) == {"accuracy", "init_entropy", "score_std",
                             "gradient_ratio", "attention_init",
                             "attention_final"}

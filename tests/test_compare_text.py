@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main
-from pipelines.compare.claims import BITS_GAP
-from pipelines.compare.claims import learning_claim
+from pipelines.compare.claims.learning import BITS_GAP
+from pipelines.compare.claims.learning import learning_claim
+from pipelines.compare.claims.learning import learning_verdict
 from pipelines.compare.measure import pool_attention
-from pipelines.compare.verdicts import learning_verdict
 from test_claims import SEEDS
 from test_claims import TARGET
 from test_claims import _plan

@@ -25,6 +25,9 @@ from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.devices import open_run_devices
 from pipelines.engine import Shard
+from pipelines.engine.presets import ARMS
+from pipelines.engine.presets import MODE_ARMS
+from pipelines.engine.presets import PAIR
 from pipelines.engine.progress import Progress
 from pipelines.engine.progress import duration_text
 from pipelines.engine.reuse import CompiledRuns
@@ -56,6 +59,34 @@ def _plan(argv, command="compare"):
 
 
 # ------------------------------------------------------------------ axes
+def test_each_scale_mode_names_the_arm_that_trains_with_it():
+    # Against what the arm sets in a run's config (a second code path).
+    for mode, arm in MODE_ARMS.items():
+        overrides = ARMS[arm].overrides(64, 1.0)
+        assert overrides["qk_init_gain"] == 1.0
+        assert (overrides["scale"], overrides["qk_norm"]) == (
+            ("sqrt", True) if mode == "qk_norm" else (mode, False))
+    assert (MODE_ARMS["sqrt"], MODE_ARMS["none"]) == PAIR
+    assert "saturated_init" not in MODE_ARMS.values()
+
+
+def test_the_slice_is_the_first_value_of_every_other_axis():
+    plan = _plan(["--num-layers", "2,1", "--num-pairs", "3,6",
+                  "--key-dims", "8,16", "--seeds", "2"])
+    assert plan.slice() == {"num_layers": 1, "num_pairs": 3}
+    assert plan.slice(over=("seed",)) == {"key_dim": 8, "num_layers": 1,
+                                          "num_pairs": 3}
+    inside = [run for run in plan.runs() if plan.in_slice(run.values)]
+    # Every arm, d_k and seed at one layer and three pairs.
+    assert len(inside) == 2 * 2 * 2
+    assert {(r.values["num_layers"], r.values["num_pairs"])
+            for r in inside} == {(1, 3)}
+    free = [run for run in plan.runs()
+            if plan.in_slice(run.values, free="num_pairs")]
+    assert {r.values["num_pairs"] for r in free} == {3, 6}
+    assert {r.values["num_layers"] for r in free} == {1}
+
+
 def test_a_list_flag_is_an_axis_and_a_single_value_a_setting():
     plan = _plan(["--num-layers", "1,2", "--key-dims", "16", "--seeds", "2",
                   "--learning-rate", "0.02"])
@@ -66,7 +97,7 @@ def test_a_list_flag_is_an_axis_and_a_single_value_a_setting():
     names = {run.name for run in runs}
     assert "unscaled-layers2-dk16-seed1" in names and len(names) == 8
     for run in runs:
-        assert run.config.num_layers == run.num_layers
+        assert run.config.num_layers == run.values["num_layers"]
         assert run.config.learning_rate == 0.02  # one value: every run
         assert run.config.logdir == os.path.join("unused", run.name)
     # Pairing: runs that differ only by arm differ only in what the arm sets.
@@ -75,7 +106,8 @@ def test_a_list_flag_is_an_axis_and_a_single_value_a_setting():
         values = run.config.to_dict()
         for name in ("scale", "qk_norm", "qk_init_gain", "arm", "logdir"):
             values.pop(name)
-        by_pair.setdefault((run.num_layers, run.seed), []).append(values)
+        by_pair.setdefault((run.values["num_layers"], run.values["seed"]),
+                           []).append(values)
     assert all(len(group) == 2 and group[0] == group[1]
                for group in by_pair.values())
 

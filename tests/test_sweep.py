@@ -25,7 +25,7 @@ from pipelines.builders import build_task
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
 from pipelines.common import OneLineErrorParser
-from pipelines.plotting import figure_svg
+from pipelines.reports.plotting import figure_svg
 from pipelines.sweep import figures
 from pipelines.sweep.analysis import lr_sensitivity
 from pipelines.sweep.analysis import sensitivities
@@ -103,15 +103,14 @@ def test_grid_is_the_product_with_each_run_configured():
     assert len(runs) == 3 * 2 * 2 * 2 * 2
     assert plan.axis("learning_rate") == [1e-4, 3e-3]
     assert plan.axis("key_dim") == [16, 64]
-    keys = {(r.arm, r.optimizer, r.learning_rate, r.key_dim, r.seed)
-            for r in runs}
+    names = ("optimizer", "learning_rate", "key_dim", "seed")
+    keys = {(r.arm, *(r.values[name] for name in names)) for r in runs}
     assert len(keys) == len(runs)
     scales = {"scaled": "sqrt", "unscaled": "none", "inverse": "inverse"}
     for run in runs:
         config = run.config
         assert (config.optimizer, config.learning_rate, config.key_dim,
-                config.seed) == (run.optimizer, run.learning_rate,
-                                 run.key_dim, run.seed)
+                config.seed) == tuple(run.values[name] for name in names)
         assert config.scale == scales[run.arm] and config.arm == run.arm
         assert config.logdir == os.path.join("unused", run.name)
         # The comparison's model and task.
@@ -256,7 +255,8 @@ def test_sensitivity_against_a_hand_computed_example():
     assert result["per_seed"][0] == pytest.approx(2.6 / 3 - 0.1)
     assert result["per_seed"][1] == pytest.approx(2.6 / 3 - 0.3)
     assert result["mean"] == pytest.approx(2.6 / 3 - 0.2)
-    assert result["sd"] == pytest.approx(0.1)
+    # The sample sd (n - 1) of two values a, b: |a - b| / sqrt(2).
+    assert result["sd"] == pytest.approx(0.2 / 2 ** 0.5)
 
 
 def _verdict(records, optimizer="sgd"):

@@ -1,80 +1,20 @@
-"""Scaled vs unscaled attention, side by side: the lesson's claims, measured.
+"""`keras-attention compare`: the lesson's claims measured over a grid of
+runs, scaled vs unscaled attention side by side.
 
-    keras-attention compare
-    keras-attention compare --task recall --key-dims 16,256,1024 \\
-        --arms scaled,unscaled --seeds 3 --steps 1000 --logdir runs/compare
+The grid is the experiment engine's (`pipelines.engine`: it trains,
+resumes and shards the runs); this package is the report over them. The
+command's outputs and how to read them are in docs/experiments.md.
 
-Trains the same model on the same data from the same initial weights with
-and without the 1/sqrt(d_k) score scale (and, on request, with control
-arms), and measures the three claims of the lesson:
-
-1. if q and k have independent unit-variance components, Var(q.k) = d_k,
-   and dividing by sqrt(d_k) brings it back to 1;
-2. unscaled scores grow with d_k and push the softmax into saturation
-   (nearly one-hot rows, low entropy);
-3. in saturation the gradient at the softmax input vanishes and learning
-   slows or stops, while the scaled model keeps learning.
-
-Every (arm, key_dim, seed), and any other axis given as a list (for example
-`--num-layers 1,2,4`), is a training run of `keras-attention train` in
-`LOGDIR/<arm>-dk<key_dim>-seed<seed>/`: a grid of the experiment engine
-(`pipelines.engine`), which trains, resumes and shards it; this package is
-the report over its runs. Runs of the same key_dim and seed get
-the same data stream and the same initial weights (the arms add or rescale
-nothing but what defines them), and the same optimizer. A run that is
-already complete is not trained again, so an interrupted comparison resumes
-where it stopped. Key dims listed in `--key-dims` but not in
-`--train-key-dims` are measured at initialization only (claims 1 and 2 need
-no training), which keeps the default demo within a few minutes on a CPU.
-
-Outputs, all under `--logdir`:
-
-    comparison.json    every run's final accuracy, steps to target and the
-                       diagnostics at init and at the end
-    comparison.md      tables per key_dim (arms side by side, mean ± sd over
-                       seeds), the ratios that test each claim, a verdict
-                       per claim, the variance table, the figures and the
-                       heat maps
-    comparison.html    the same report as one self-contained page, figures
-                       inline as SVG (opens offline)
-    figures/*.png      held-out accuracy over steps (mean ± sd per arm);
-                       entropy, score std and gradient ratios at init over
-                       d_k; the probe example's labelled attention, both
-                       arms and their difference, at init and at the end
-    heatmaps/*.png     labelled probe attention at init and at the end, per
-                       arm, at the largest trained key_dim
-    <run>/train/, <run>/validation/
-                       each run's TensorBoard logs (TensorBoard's runs
-                       `<run>/train`, `<run>/validation`); validation/
-                       also holds the HParams metrics (final accuracy,
-                       initial entropy and score std)
-    claims/            TensorBoard scalars over d_k (the "step" axis is
-                       d_k), a tag per arm
-    curves/            the arms' held-out curves, mean and ± sd over seeds,
-                       with a custom-scalars layout (one margin chart per
-                       metric, every arm in it)
-    experiment/        the HParams experiment (arm, key_dim, seed)
-
-`tensorboard --logdir LOGDIR` then overlays the runs' curves and compares
-them in the HParams dashboard.
-
-Beyond one layer and one length: with a `--num-layers` axis the report adds
-claim 4 (depth: accuracy, steps to target, entropy per layer, first/last
-|dL/dscores| per depth), with a length axis (`--num-pairs`, `--seq-len`) or
-`--length-multiples` claim 5 (length: the init curves against n per scale
-mode beside the i.i.d. theory, accuracy per trained length, and recall
-trained at one length evaluated at multiples of it), each with its section,
-figures, `claims."4"`/`claims."5"` in comparison.json and TensorBoard
-scalars over depth (`depth/`) and length (`length_init/`, `length/`,
-`length_eval/`), a tag per arm. Claims 1-3 then read the runs at
-the first value of each such axis (`axes`). `--preset depth` and
-`--preset length` are the CPU experiments.
-
-The package (floor 3, pipelines): axes, claims, series, tensorboard,
-measure, formats, depth, length, extrapolate, beyond, verdicts, report,
-axis_tensorboard, axis_figures and figures, each importing only those
-before it; they may import keras_attention, the engine and the pipelines
-below them, never pipelines.cli.
+    __init__     the command line and `report`, which iterates the claims
+                 the preset names (all of `claims` by default)
+    measure      one record per run, the init-only probes, the heat maps,
+                 and how claims read the records (the grid's slice, ...)
+    series       the numbers behind the d_k figures: curves over steps,
+                 init statistics over d_k
+    claims/      one module per claim: variance, saturation, learning,
+                 depth, length (with `length_measures`)
+    report       comparison.md, comparison.json and the figure list
+    tensorboard  the HParams metrics, the claims' scalars, the curves
 """
 
 import json
@@ -86,33 +26,33 @@ from pipelines.common import parse_int_list
 from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
-from pipelines.compare.axes import sliced
-from pipelines.compare.axis_tensorboard import write_beyond_scalars
-from pipelines.compare.beyond import measure_beyond
-from pipelines.compare.claims import evaluate_claims
-from pipelines.compare.extrapolate import check_multiples
-from pipelines.compare.figures import make_figures
+from pipelines.compare.claims import CLAIMS
+from pipelines.compare.claims import named
+from pipelines.compare.claims.length_measures import check_multiples
 from pipelines.compare.measure import collect
-from pipelines.compare.measure import probe_at_init
-from pipelines.compare.measure import probe_trained
+from pipelines.compare.measure import sliced
+from pipelines.compare.measure import write_heatmaps
 from pipelines.compare.report import build_comparison
 from pipelines.compare.report import key_dim_table
+from pipelines.compare.report import make_figures
 from pipelines.compare.report import render_report
+from pipelines.compare.report import verdict_line
 from pipelines.compare.series import collect_curves
 from pipelines.compare.series import figure_data
 from pipelines.compare.tensorboard import EXPERIMENT_METRICS
 from pipelines.compare.tensorboard import write_claim_scalars
 from pipelines.compare.tensorboard import write_curve_scalars
-from pipelines.compare.verdicts import STATEMENTS
-from pipelines.compare.verdicts import verdict_line
+from pipelines.compare.tensorboard import write_run_hparams_metrics
 from pipelines.engine import COMPARE_PRESETS as PRESETS
 from pipelines.engine import add_grid_arguments
 from pipelines.engine import check_runs
 from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
-from pipelines.page import render_page
-from pipelines.plotting import write_figures
+from pipelines.reports.page import render_page
+from pipelines.reports.plotting import write_figures
+from pipelines.reports.probes import probe_at_init
+from pipelines.reports.probes import probe_trained
 from pipelines.variance import variance_table
 
 COMPARISON_JSON = "comparison.json"
@@ -145,9 +85,9 @@ def compare(plan, log=print):
 
 
 def report(plan, missing, timing, log=print, started=None):
-    """Measures the finished runs of `plan` and writes comparison.json,
-    comparison.md, comparison.html, the figures and the TensorBoard
-    summaries.
+    """Measures the finished runs of `plan`, decides its claims and writes
+    comparison.json, comparison.md, comparison.html, the figures, the heat
+    maps and the TensorBoard summaries.
 
     Args:
         plan: the `Grid` of the finished runs.
@@ -158,32 +98,40 @@ def report(plan, missing, timing, log=print, started=None):
         started: when the invocation started (for its wall time).
     """
     started = time.time() if started is None else started
+    claims = grid_claims(plan)
     results = collect(plan, log=log)
-    # Claims 1-3 read the slice of the other axes; claims 4-5 every run.
-    base_results = sliced(plan, results)
     samples = plan.options.get("variance_samples", 0)
-    variance_rows = (variance_table(plan.axis("key_dim"), samples, seed=0)
-                     if samples else [])
-    claims = evaluate_claims(plan, base_results, variance_rows)
-    claims.update(measure_beyond(plan, results, log))
+    results["variance"] = (variance_table(plan.axis("key_dim"), samples,
+                                          seed=0) if samples else [])
+    measured = evaluate_claims(plan, results, claims, log)
     curves = collect_curves(plan)
     write_grid_experiment(plan, EXPERIMENT_METRICS)
-    write_claim_scalars(plan.logdir, base_results)
+    for record in results["runs"]:
+        write_run_hparams_metrics(os.path.join(plan.logdir, record["run"]),
+                                  record, record["steps"] or 0)
+    write_heatmaps(plan.logdir, results["heatmaps"])
+    points = {run: [] for claim in claims for run in claim.SCALAR_RUNS}
+    for claim in claims:
+        if claim.NUMBER in measured:
+            for run, run_points in claim.scalars(
+                    plan, measured[claim.NUMBER], results).items():
+                points[run] += run_points
+    write_claim_scalars(plan.logdir, points)
     write_curve_scalars(plan.logdir, curves)
-    write_beyond_scalars(plan.logdir, claims)
     wall_time_s = time.time() - started
     trained_now = timing["trained_now"] if timing else []
-    document = build_comparison(plan, results, variance_rows, claims,
-                                wall_time_s)
+    document = build_comparison(plan, results, measured, wall_time_s)
     document.update(trained_now=trained_now, missing=list(missing),
-                    curves=curves, figures=figure_data(plan, base_results))
+                    curves=curves,
+                    figures=figure_data(plan, sliced(plan, results)))
     json_path = os.path.join(plan.logdir, COMPARISON_JSON)
     write_json_atomic(json_path, document)
     # The figures are drawn from the file just written: one source for the
     # pictures and the numbers.
     with open(json_path, encoding="utf-8") as handle:
-        figures = write_figures(plan.logdir, make_figures(json.load(handle)))
-    text = render_report(plan, results, variance_rows, claims, wall_time_s,
+        figures = write_figures(plan.logdir,
+                                make_figures(json.load(handle), claims))
+    text = render_report(plan, results, claims, measured, wall_time_s,
                          trained_now, figures, COMPARISON_HTML, missing)
     write_text_atomic(os.path.join(plan.logdir, COMPARISON_MD), text)
     write_text_atomic(
@@ -194,6 +142,20 @@ def report(plan, missing, timing, log=print, started=None):
     return document
 
 
+def grid_claims(plan):
+    """The claim modules the grid's preset names (`options["claims"]`),
+    by default every claim."""
+    return named(plan.options.get("claims", CLAIMS))
+
+
+def evaluate_claims(plan, results, claims=None, log=print):
+    """`{number: evidence}` of the claims that apply to the grid, each
+    measured from `results` (`measure.collect`, with `"variance"`)."""
+    return {claim.NUMBER: claim.measure(plan, results, log)
+            for claim in claims or grid_claims(plan)
+            if claim.applies(plan)}
+
+
 def summary_text(plan, document):
     """What the command prints: per-key_dim tables and the verdicts."""
     results = sliced(plan, {
@@ -201,7 +163,6 @@ def summary_text(plan, document):
         "init_only": document["init_only"],
         "heatmaps": document["heatmaps"],
     })
-    claims = document["claims"]
     lines = []
     for key_dim in reversed(plan.axis("key_dim")):
         trained = key_dim in plan.trained_axis("key_dim")
@@ -210,9 +171,9 @@ def summary_text(plan, document):
             *key_dim_table(plan, results, key_dim),
             "",
         ]
-    lines += [verdict_line(number, claims[number],
-                           plan.base.target_accuracy)
-              for number in STATEMENTS if number in claims]
+    lines += [verdict_line(plan, claim, document["claims"][claim.NUMBER])
+              for claim in grid_claims(plan)
+              if claim.NUMBER in document["claims"]]
     return "\n".join(lines)
 
 
@@ -301,7 +262,7 @@ def run(args):
     """Runs `keras-attention compare`; prints the tables and verdicts."""
     plan = plan_from_args(args)
     trained = plan.trained_runs()
-    others = [name for name in plan.axes if name not in ("key_dim", "seed")]
+    others = list(plan.slice())
     print(
         f"Comparing {', '.join(plan.arms)} on {plan.base.task}: "
         f"{len(trained)} training runs of {plan.base.steps} steps (d_k "

@@ -1,81 +1,30 @@
-"""What a comparison measures: the probe diagnostics of initial and trained
-weights, the heat maps of probe attention, and one record per trained run.
+"""What a comparison measures of its runs, for every claim: one record per
+trained run (`collect`), the init statistics of the key dims measured at
+init only, the probe attention of the heat maps; and how the claims read
+those records (`sliced`, `init_values`, `run_values`, ...).
 """
 
 import io
 import os
 
-import keras
 import numpy as np
 
 from keras_attention.diagnostics import SUMMARY_KEYS
-from keras_attention.diagnostics import probe_diagnostics
 from keras_attention.viz import plot_attention
 from pipelines.common import write_bytes_atomic
-from pipelines.builders import build_model
-from pipelines.builders import seed_run
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
-from pipelines.compare.axes import axis_values
-from pipelines.compare.axes import in_slice
-from pipelines.compare.tensorboard import write_run_hparams_metrics
-from pipelines.devices import open_run_devices
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.probes import probe_at_init
+from pipelines.reports.probes import probe_trained
 from pipelines.run_dir import read_metrics
-from pipelines.run_dir import restore_model
 
 HEATMAP_DIR = "heatmaps"
 # Longest side of a drawn map: a longer context (text at 256 or 512
 # characters) is pooled to at most this many cells a side, since a 512x512
 # map of one PNG panel shows no single cell anyway.
 MAX_HEATMAP_POSITIONS = 128
-
-
-# ---------------------------------------------------------------- probes
-def probe_at_init(config):
-    """The probe diagnostics of a run's initial weights, without training.
-
-    Rebuilds the model exactly as the training pipeline does (global seed,
-    then build), so the weights are those the run starts from.
-
-    Returns:
-        The dict of `keras_attention.diagnostics.probe_diagnostics`.
-    """
-    task = build_task(config)
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(_run_precision(config))
-    try:
-        seed_run(config.seed)
-        model = build_model(config, task)
-        return probe_diagnostics(model, *build_probe_batch(config, task))
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-        _clear_session()
-
-
-def _clear_session():
-    """Resets Keras's global state between probed models, without the full
-    garbage collection `clear_session` runs by default: with TensorFlow
-    loaded one collection took 0.26 s of CPU, 5.9 s of the default
-    comparison's 22 probes (cProfile, CPU clock); the dropped models are
-    reclaimed by Python's own collector instead."""
-    keras.backend.clear_session(free_memory=False)
-
-
-def _run_precision(config):
-    """The dtype policy a run of `config` trains under on this machine."""
-    return open_run_devices(config)[0].precision
-
-
-def probe_trained(config):
-    """The probe diagnostics of a finished run's trained model."""
-    model = restore_model(config.logdir)
-    try:
-        return probe_diagnostics(
-            model, *build_probe_batch(config, build_task(config))
-        )
-    finally:
-        del model
-        _clear_session()
 
 
 def _summary(diagnostics_summary):
@@ -167,9 +116,9 @@ def _run_record(spec, metrics, plan):
     final = diagnostics.get("final") or {}
     record = {
         "arm": spec.arm,
-        "key_dim": spec.key_dim,
-        "seed": spec.seed,
-        **axis_values(plan, spec.values),
+        "key_dim": spec.values["key_dim"],
+        "seed": spec.values["seed"],
+        **_slice_values(plan, spec.values),
         "run": spec.name,
         "final_accuracy": metrics.get("heldout_accuracy"),
         "final_loss": metrics.get("heldout_loss"),
@@ -192,21 +141,24 @@ def _run_record(spec, metrics, plan):
     return record
 
 
+def _slice_values(plan, values):
+    """A run's values of the axes besides d_k and the seed, for its
+    record."""
+    return {name: values[name] for name in plan.slice()}
+
+
 def _trained_record(spec, plan):
-    """The record of a finished run; writes its HParams metrics."""
+    """The record of a finished run."""
     metrics = read_metrics(spec.config.logdir)
     if metrics is None:
         raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
-    record = _run_record(spec, metrics, plan)
-    write_run_hparams_metrics(spec.config.logdir, record,
-                              record["steps"] or 0)
-    return record
+    return _run_record(spec, metrics, plan)
 
 
-def _write_heatmaps(spec, init, heatmap_dir):
-    """Writes the spec's heat maps at init (and trained, when it was);
-    returns their entries for the report and comparison.json (with the
-    weights drawn and the probe example's token labels)."""
+def _heatmaps(spec, init):
+    """The spec's heat map entries at init (and trained, when it was), for
+    the report and comparison.json: the weights drawn and the probe
+    example's token labels."""
     stages = [("init", init)]
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))
@@ -218,29 +170,35 @@ def _write_heatmaps(spec, init, heatmap_dir):
         filename = f"{spec.name}-{stage}.png"
         weights, labels = pool_attention(probe_attention(diagnostics),
                                          labels_at_full)
-        write_bytes_atomic(
-            os.path.join(heatmap_dir, filename),
-            heatmap_png(weights, labels, f"{spec.name}, {stage}"),
-        )
         entries.append(
-            {"arm": spec.arm, "key_dim": spec.key_dim,
-             "seed": spec.seed, "stage": stage,
-             "path": f"{HEATMAP_DIR}/{filename}",
-             "labels": labels, "weights": weights.tolist()}
+            {"arm": spec.arm, "key_dim": spec.values["key_dim"],
+             "seed": spec.values["seed"], "stage": stage,
+             "path": f"{HEATMAP_DIR}/{filename}", "title": f"{spec.name}, "
+             f"{stage}", "labels": labels, "weights": weights.tolist()}
         )
     return entries
 
 
+def write_heatmaps(logdir, entries):
+    """Draws each heat map entry of `collect` to its `path` under `logdir`
+    and drops its `"title"` (comparison.json keeps the rest)."""
+    os.makedirs(os.path.join(logdir, HEATMAP_DIR), exist_ok=True)
+    for entry in entries:
+        write_bytes_atomic(
+            os.path.join(logdir, entry["path"]),
+            heatmap_png(np.asarray(entry["weights"]), entry["labels"],
+                        entry.pop("title")))
+
+
 def collect(plan, log=print):
     """Reads the trained runs, measures the untrained key dims at init and
-    renders the heat maps (both in the slice of `axes.sliced` only).
+    the probe attention of the heat maps (both in the grid's slice
+    only); writes nothing (`write_heatmaps` draws them).
 
     Returns:
         A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
     """
     runs, init_only, heatmaps = [], [], []
-    heatmap_dir = os.path.join(plan.logdir, HEATMAP_DIR)
-    os.makedirs(heatmap_dir, exist_ok=True)
     heatmap_key_dim = (
         plan.trained_axis("key_dim")[-1] if plan.trained_axis("key_dim") else plan.axis("key_dim")[-1]
     )
@@ -248,11 +206,10 @@ def collect(plan, log=print):
     for spec in plan.runs():
         if spec.trained:
             runs.append(_trained_record(spec, plan))
-        if not in_slice(plan, spec.values):
+        if not plan.in_slice(spec.values):
             continue
-        wants_heatmap = (
-            spec.key_dim == heatmap_key_dim and spec.seed == heatmap_seed
-        )
+        wants_heatmap = (spec.values["key_dim"] == heatmap_key_dim
+                         and spec.values["seed"] == heatmap_seed)
         init = None
         if wants_heatmap or not spec.trained:
             init = probe_at_init(spec.config)
@@ -260,12 +217,69 @@ def collect(plan, log=print):
             init_only.append(
                 {
                     "arm": spec.arm,
-                    "key_dim": spec.key_dim,
-                    "seed": spec.seed,
-                    **axis_values(plan, spec.values),
+                    "key_dim": spec.values["key_dim"],
+                    "seed": spec.values["seed"],
+                    **_slice_values(plan, spec.values),
                     "init": _summary(init["summary"]),
                 }
             )
         if wants_heatmap:
-            heatmaps += _write_heatmaps(spec, init, heatmap_dir)
+            heatmaps += _heatmaps(spec, init)
     return {"runs": runs, "init_only": init_only, "heatmaps": heatmaps}
+
+
+# ------------------------------------------------ reading the records
+def sliced(plan, results):
+    """`results` restricted to the grid's slice (`Grid.slice`), the runs
+    the claims over d_k read (the heat maps are drawn in it only)."""
+    if not plan.slice():
+        return results
+    return {key: ([record for record in records if plan.in_slice(record)]
+                  if key in ("runs", "init_only") else records)
+            for key, records in results.items()}
+
+
+def has_pair(plan):
+    """Whether the grid has both arms of the pair (`presets.PAIR`)."""
+    return all(arm in plan.arms for arm in PAIR)
+
+
+def group_init(results):
+    """`{arm: {key_dim: [init summary, ...]}}` over trained and init-only
+    runs."""
+    grouped = {}
+    for record in results["runs"] + results["init_only"]:
+        if record["init"] is not None:
+            grouped.setdefault(record["arm"], {}).setdefault(
+                record["key_dim"], []).append(record["init"])
+    return grouped
+
+
+def init_values(results, arm, key_dim, key):
+    """The init statistic `key` of every seed of (arm, key_dim)."""
+    return [record["init"][key]
+            for record in results["runs"] + results["init_only"]
+            if record["arm"] == arm and record["key_dim"] == key_dim
+            and record["init"] is not None]
+
+
+def run_values(results, arm, key_dim, getter):
+    """`getter(record)` of every trained run of (arm, key_dim)."""
+    return [getter(record) for record in results["runs"]
+            if record["arm"] == arm and record["key_dim"] == key_dim]
+
+
+def init_points(results, keys):
+    """`[(init/<key>/<arm>, mean over seeds, d_k)]` of the init statistics
+    `keys`, for a claim's TensorBoard scalars over d_k."""
+    return [(f"init/{key}/{arm}", mean_sd([s[key] for s in summaries])[0],
+             key_dim)
+            for arm, by_key_dim in group_init(results).items()
+            for key_dim, summaries in sorted(by_key_dim.items())
+            for key in keys]
+
+
+def document_arms(document, by_arm):
+    """The arms of `by_arm` in the comparison's order (comparison.json
+    keeps its keys sorted)."""
+    return [arm for arm in document["arms"] if arm in by_arm]

@@ -1,25 +1,18 @@
-"""The comparison's documents: `comparison.md` (`render_report`) and
-`comparison.json` (`build_comparison`)."""
+"""The comparison's documents: `comparison.md` (`render_report`), whose
+verdicts and sections are the claims' own, `comparison.json`
+(`build_comparison`) and the figures (`make_figures`), every claim's in
+the order of their letters."""
 
 from pipelines.common import markdown_table
 from pipelines.common import to_jsonable
+from pipelines.compare.measure import init_values
+from pipelines.compare.measure import run_values
+from pipelines.compare.measure import sliced
 from pipelines.engine.presets import ARMS
-from pipelines.compare.axes import slice_note
-from pipelines.compare.axes import slice_values
-from pipelines.compare.axes import sliced
-from pipelines.compare.claims import init_values
-from pipelines.compare.claims import run_values
-from pipelines.compare.depth import depth_section
-from pipelines.compare.depth import depth_verdict
-from pipelines.compare.formats import fmt, fmt_mean_sd, fmt_steps, ratio
-from pipelines.compare.length import length_section
-from pipelines.compare.length import length_verdict
-from pipelines.compare.verdicts import STATEMENTS
-from pipelines.compare.verdicts import learning_verdict
-from pipelines.compare.verdicts import saturation_verdict
-from pipelines.compare.verdicts import status_word
-from pipelines.compare.verdicts import variance_verdict
-from pipelines.variance import variance_markdown
+from pipelines.reports.numbers import SD_NOTE
+from pipelines.reports.numbers import fmt_mean_sd
+from pipelines.reports.numbers import fmt_steps
+from pipelines.reports.plotting import draw_figures
 
 # Rows of the per-key_dim tables: (label, key, digits).
 _TABLE_ROWS = (
@@ -32,7 +25,6 @@ _TABLE_ROWS = (
     ("\\|dL/dW_Q\\|", "grad_norm_query", 5),
     ("\\|dL/dW_K\\|", "grad_norm_key", 5),
 )
-_PAIR = ("scaled", "unscaled")
 
 
 def _stage_values(results, arm, key_dim, stage, key):
@@ -107,9 +99,11 @@ def _header(plan, results, wall_time_s, trained_now):
         "every step. Runs of the same key_dim and seed share data and initial"
         " weights.",
         "",
+        SD_NOTE,
+        "",
     ]
-    if slice_note(plan):
-        lines += [slice_note(plan), ""]
+    if plan.slice():
+        lines += [_slice_note(plan), ""]
     if wall_time_s is not None:
         run_times = [r["wall_time_s"] for r in results["runs"]
                      if r.get("wall_time_s") is not None]
@@ -126,78 +120,39 @@ def _header(plan, results, wall_time_s, trained_now):
     return lines
 
 
-def _verdict_section(plan, claims, variance_rows):
+def _slice_note(plan):
+    """One sentence saying which runs the d_k sections describe."""
+    return ("Claims 1-3, their tables and figures and the per-d_k tables "
+            "describe the runs at " + ", ".join(
+                f"{name} {value}" for name, value in plan.slice().items())
+            + " (the first value of each other axis); the depth and length "
+            "sections read every run.")
+
+
+def status_word(holds):
+    """`holds`, `not supported` or `not measured`."""
+    return {True: "holds", False: "not supported", None: "not measured"}[holds]
+
+
+def verdict_line(plan, claim, evidence):
+    """`Claim N (statement): holds — the deciding figure`."""
+    line = (f"Claim {claim.NUMBER} ({claim.STATEMENT}): "
+            f"{status_word(evidence.get('holds'))}")
+    figure = claim.headline(plan, evidence)
+    return line if figure is None else f"{line}: {figure}"
+
+
+def _verdict_section(plan, claims, measured, results):
     lines = ["## Verdicts", ""]
-    verdicts = [
-        ("1", variance_verdict(claims["1"], variance_rows)),
-        ("2", saturation_verdict(claims["2"])),
-        ("3", learning_verdict(claims["3"], plan.base.target_accuracy)),
-    ]
-    if "4" in claims:
-        verdicts.append(
-            ("4", depth_verdict(claims["4"], plan.base.target_accuracy)))
-    if "5" in claims:
-        verdicts.append(("5", length_verdict(claims["5"])))
-    for number, (texts, holds) in verdicts:
-        lines += [f"**Claim {number}. {STATEMENTS[number]}: "
+    for claim in claims:
+        if claim.NUMBER not in measured:
+            continue
+        texts, holds = claim.verdict(plan, measured[claim.NUMBER], results)
+        lines += [f"**Claim {claim.NUMBER}. {claim.STATEMENT}: "
                   f"{status_word(holds)}.**", ""]
         lines += [f"- {text}" for text in texts]
         lines.append("")
     return lines
-
-
-def _section(title, table, preface=()):
-    """A `## title` section around a table (lines), or none without rows."""
-    if len(table) <= 2:
-        return []
-    return [f"## {title}", "", *preface, *table, ""]
-
-
-def _ratio_table(ratios):
-    return markdown_table(
-        ["d_k", "scaled", "unscaled", "ratio", "√d_k", "ratio/√d_k − 1"],
-        [[str(r["key_dim"]), f"{r['scaled_score_std']:.3f}",
-          f"{r['unscaled_score_std']:.3f}", f"{r['ratio']:.3f}",
-          f"{r['sqrt_key_dim']:.3f}", f"{r['relative_error']:+.2%}"]
-         for r in ratios],
-    )
-
-
-def _entropy_table(entropy):
-    return markdown_table(
-        ["d_k", "entropy/log(keys) scaled", "unscaled", "unscaled/scaled",
-         "max weight scaled", "unscaled", "saturated rows scaled",
-         "unscaled"],
-        [[str(r["key_dim"]), fmt(r["scaled_entropy_normalized"]),
-          fmt(r["unscaled_entropy_normalized"]),
-          fmt(ratio(r["unscaled_entropy_normalized"],
-                    r["scaled_entropy_normalized"])),
-          fmt(r["scaled_max_weight"]), fmt(r["unscaled_max_weight"]),
-          fmt(r["scaled_saturated_fraction"]),
-          fmt(r["unscaled_saturated_fraction"])]
-         for r in entropy],
-    )
-
-
-def _training_table(results, gaps):
-    rows = []
-    for g in gaps:
-        records = {arm: run_values(results, arm, g["key_dim"], lambda r: r)
-                   for arm in _PAIR}
-        rows.append(
-            [str(g["key_dim"])]
-            + [fmt_mean_sd([r["final_accuracy"] for r in records[arm]])
-               for arm in _PAIR]
-            + [fmt_steps(records[arm]) for arm in _PAIR]
-            + [fmt(g["grad_scores_ratio"]), fmt(g["grad_query_ratio"]),
-               fmt(g["grad_key_ratio"])]
-        )
-    return markdown_table(
-        ["d_k", "final accuracy scaled", "unscaled",
-         "steps to target scaled", "unscaled", "\\|dL/dscores\\| ratio",
-         "\\|dL/dW_Q\\| ratio", "\\|dL/dW_K\\| ratio"],
-        rows,
-    )
 
 
 def _heatmap_lines(heatmaps):
@@ -248,42 +203,28 @@ def _figure_lines(figures, page):
     return lines
 
 
-def render_report(plan, results, variance_rows, claims, wall_time_s=None,
+def render_report(plan, results, claims, measured, wall_time_s=None,
                   trained_now=None, figures=(), page="comparison.html",
                   missing=()):
     """The comparison report as Markdown text.
 
-    `figures` are the entries of `pipelines.plotting.write_figures` (name,
-    caption, path), linked in a section after the verdicts; `page` names
-    the HTML version; `missing` names the runs not finished yet (a report
-    over the finished ones). `results` holds every run; the d_k sections
-    read their slice (`axes.sliced`)."""
+    `claims` are the claim modules, `measured` their evidence by number;
+    `figures` are the entries of `pipelines.reports.plotting.write_figures`
+    (name, caption, path), linked in a section after the verdicts; `page`
+    names the HTML version; `missing` names the runs not finished yet (a
+    report over the finished ones). `results` holds every run; the d_k
+    tables read their slice (`measure.sliced`)."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
     every_run, results = results, sliced(plan, results)
     if missing:
         lines += [f"**Not finished yet: measured at init only, left out of "
                   f"every training number "
                   f"({len(missing)} runs):** {', '.join(missing)}.", ""]
-    lines += _verdict_section(plan, claims, variance_rows)
+    lines += _verdict_section(plan, claims, measured, every_run)
     lines += _figure_lines(figures, page)
-    if variance_rows:
-        lines += _section("Claim 1: Var(q·k) for random unit-variance q, k",
-                          variance_markdown(variance_rows))
-    lines += _section(
-        "Score std at init in the model, unscaled / scaled vs √d_k",
-        _ratio_table(claims["1"]["score_std_ratios"]))
-    lines += _section("Softmax at init, scaled vs unscaled",
-                      _entropy_table(claims["2"]["entropy"]))
-    lines += _section(
-        "Training and gradients, unscaled vs scaled",
-        _training_table(results, claims["3"]["by_key_dim"]),
-        preface=("Gradient ratios are unscaled / scaled at init (probe "
-                 "batch).", ""),
-    )
-    if "4" in claims:
-        lines += depth_section(plan, claims["4"], every_run)
-    if "5" in claims:
-        lines += length_section(plan, claims["5"])
+    for claim in claims:
+        if claim.NUMBER in measured:
+            lines += claim.section(plan, measured[claim.NUMBER], every_run)
     lines += ["## Results per key_dim (mean ± sd over seeds)", ""]
     for key_dim in reversed(plan.axis("key_dim")):
         trained = key_dim in plan.trained_axis("key_dim")
@@ -298,7 +239,7 @@ def render_report(plan, results, variance_rows, claims, wall_time_s=None,
     return "\n".join(lines)
 
 
-def build_comparison(plan, results, variance_rows, claims, wall_time_s):
+def build_comparison(plan, results, measured, wall_time_s):
     """The `comparison.json` document (every run's record; with other axes
     than d_k, `"slice"` names the runs claims 1-3 read)."""
     document = {
@@ -314,10 +255,18 @@ def build_comparison(plan, results, variance_rows, claims, wall_time_s):
         "runs": results["runs"],
         "init_only": results["init_only"],
         "heatmaps": results["heatmaps"],
-        "variance": variance_rows,
-        "claims": to_jsonable(claims),
+        "variance": results["variance"],
+        "claims": to_jsonable(measured),
         "wall_time_s": wall_time_s,
     }
-    if slice_note(plan):
-        document["slice"] = slice_values(plan)
+    if plan.slice():
+        document["slice"] = plan.slice()
     return document
+
+
+def make_figures(document, claims):
+    """`[(name, caption, Figure)]` of the claims' figures the document has
+    data for, in the order of their captions' letters."""
+    table = sorted((entry for claim in claims for entry in claim.FIGURES),
+                   key=lambda entry: entry[1][:3])
+    return draw_figures(table, document)

@@ -11,9 +11,12 @@ Figure (e) draws the `"heatmaps"` entries (probe weights and labels).
 import math
 import os
 
-from pipelines.compare.axes import in_slice
-from pipelines.compare.claims import group_init
-from pipelines.compare.claims import mean_sd
+from pipelines.compare.measure import group_init
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.plotting import log2_axis
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.tensorboard import read_event_scalars
 
@@ -28,8 +31,6 @@ CURVE_METRICS = (
     ("grad_norm_scores", "attention/mean/grad_norm_scores",
      "|dL/dscores| (probe)"),
 )
-# The arms whose ratios figure (d) draws, the second over the first.
-PAIR = ("scaled", "unscaled")
 
 
 def _series(by_seed):
@@ -54,7 +55,7 @@ def _series(by_seed):
 def collect_curves(plan):
     """Per trained (key_dim, arm): each metric of `CURVE_METRICS` over the
     steps, mean ± sd over the seeds (sample sd, 0 for one seed); with other
-    axes, of the runs in their slice (`axes.in_slice`).
+    axes, of the runs in the grid's slice (`Grid.in_slice`).
 
     Returns:
         A list of `{"key_dim", "arm", "seeds", "metrics": {name: {"steps",
@@ -62,8 +63,9 @@ def collect_curves(plan):
     """
     runs = {}
     for spec in plan.runs():
-        if spec.trained and in_slice(plan, spec.values):
-            runs.setdefault((spec.key_dim, spec.arm), []).append(spec)
+        if spec.trained and plan.in_slice(spec.values):
+            runs.setdefault((spec.values["key_dim"], spec.arm),
+                            []).append(spec)
     curves = []
     for key_dim in plan.trained_axis("key_dim"):
         for arm in plan.arms:
@@ -74,7 +76,7 @@ def collect_curves(plan):
             curves.append({
                 "key_dim": key_dim,
                 "arm": arm,
-                "seeds": [spec.seed for spec in specs],
+                "seeds": [spec.values["seed"] for spec in specs],
                 "metrics": {
                     name: _series([tags.get(tag, {}) for tags in events])
                     for name, tag, _ in CURVE_METRICS
@@ -131,3 +133,17 @@ def figure_data(plan, results):
                             for key in ("grad_norm_scores",
                                         "grad_norm_query")},
     }
+
+
+def arms_over_key_dim(data):
+    """`(figure, ax)`: one line ± sd per arm against d_k (log-2 axis) of
+    `{arm: {"key_dims", "mean", "sd"}}` (`figure_data`), or None without
+    data."""
+    if not data:
+        return None
+    figure, axes = new_figure()
+    ax = axes[0][0]
+    series_panel(ax, [(arm, arm, s["key_dims"], s["mean"], s["sd"])
+                      for arm, s in data.items()])
+    log2_axis(ax, sorted({k for s in data.values() for k in s["key_dims"]}))
+    return figure, ax

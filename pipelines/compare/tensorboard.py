@@ -1,25 +1,20 @@
 """What a comparison adds to TensorBoard: each run's HParams metrics, in
 its `validation/` run beside its HParams session (the experiment is the
-grid's, `pipelines.engine`); and two runs of its own: `claims` (the claim
-scalars over d_k, a tag per arm) and `curves` (the arms' curves, mean and
-± sd over seeds, a tag per arm and d_k), each with a custom-scalars layout
-that puts every arm in one chart. A run per arm made TensorBoard list 30
-runs for a comparison of 6.
+grid's, `pipelines.engine`); the runs of the claims' scalars (`claims/`
+over d_k, `depth/`, `length*/`), a tag per arm; and `curves/` (the arms'
+curves, mean and ± sd over seeds, a tag per arm and d_k). `claims/` and
+`curves/` have a custom-scalars layout that puts every arm in one chart (a
+run per arm made TensorBoard list 30 runs for a comparison of 6).
 """
 
 import os
-import re
-import shutil
 
-import numpy as np
 from tensorboard.plugins.custom_scalar import layout_pb2
-from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 
-from keras_attention.events import SummaryWriter
-from pipelines.compare.claims import group_final_accuracy
-from pipelines.compare.claims import group_init
 from pipelines.compare.series import CURVE_METRICS
+from pipelines.tensorboard import multiline_layout
 from pipelines.tensorboard import write_end_metrics
+from pipelines.tensorboard import write_points
 
 CLAIMS_DIR = "claims"
 CURVES_DIR = "curves"
@@ -29,9 +24,7 @@ CLAIMS_CATEGORY = "claims: each arm over d_k"
 # rerun replaces.
 METRICS_SUFFIX = ".comparison"
 
-# The init statistics plotted over d_k, and those kept as HParams metrics.
-_CLAIM_SCALARS = ("score_std", "entropy_normalized", "saturated_fraction",
-                  "grad_norm_scores")
+# The init statistics kept as HParams metrics.
 _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
                  "grad_norm_scores")
 
@@ -65,49 +58,20 @@ EXPERIMENT_METRICS = (
 )
 
 
-def write_claim_scalars(logdir, results):
-    """The claim scalars over d_k (step = d_k) in the run `logdir/claims/`:
-    `init/<statistic>/<arm>` and `final/accuracy/<arm>`, with a layout of
-    one chart per statistic, every arm in it. Rewritten from scratch."""
-    root = os.path.join(logdir, CLAIMS_DIR)
-    shutil.rmtree(root, ignore_errors=True)
-    with SummaryWriter(root) as writer:
-        _write_layout(writer, CLAIMS_CATEGORY, [
-            (f"init/{key}", f"init/{key}/") for key in _CLAIM_SCALARS
-        ] + [("final/accuracy", "final/accuracy/")])
-        for arm, by_key_dim in group_init(results).items():
-            for key_dim, summaries in sorted(by_key_dim.items()):
-                for key in _CLAIM_SCALARS:
-                    writer.scalar(
-                        f"init/{key}/{arm}",
-                        float(np.mean([s[key] for s in summaries])),
-                        key_dim,
-                    )
-            for key_dim, accuracies in sorted(
-                group_final_accuracy(results, arm).items()
-            ):
-                writer.scalar(f"final/accuracy/{arm}",
-                              float(np.mean(accuracies)), key_dim)
-
-
-def _write_layout(writer, category, charts):
-    """A custom-scalars layout of multiline charts `(title, tag prefix)`."""
-    layout = layout_pb2.Layout(category=[layout_pb2.Category(
-        title=category,
-        chart=[layout_pb2.Chart(
-            title=title,
-            multiline=layout_pb2.MultilineChartContent(
-                tag=["^" + re.escape(prefix)]))
-            for title, prefix in charts])])
-    _write_layout_proto(writer, layout)
-
-
-def _write_layout_proto(writer, layout):
-    # What the plugin's `summary.pb` builds (it imports TensorFlow): the
-    # serialized layout as a string scalar under the plugin's config tag.
-    writer.tensor(custom_scalar_metadata.CONFIG_SUMMARY_TAG,
-                  layout.SerializeToString(), 0,
-                  custom_scalar_metadata.create_summary_metadata())
+def write_claim_scalars(logdir, points):
+    """Writes each claim's scalars `{run: [(tag, value, step)]}` to its
+    TensorBoard run under `logdir`, rewritten from scratch (an empty list
+    removes the run). The run `claims/` (over d_k) has a custom-scalars
+    layout of one chart per statistic, every arm in it."""
+    for run, run_points in points.items():
+        layout = None
+        if run == CLAIMS_DIR:
+            # `init/score_std/scaled` -> the chart `init/score_std`.
+            charts = dict.fromkeys(tag.rsplit("/", 1)[0]
+                                   for tag, _, _ in run_points)
+            layout = multiline_layout(CLAIMS_CATEGORY, [
+                (chart, chart + "/") for chart in charts])
+        write_points(os.path.join(logdir, run), run_points, layout)
 
 
 def curve_tag(curve, metric):
@@ -140,20 +104,14 @@ def curves_layout(curves):
 def write_curve_scalars(logdir, curves):
     """Writes every arm's curves to the run `logdir/curves/`:
     `<metric>/<arm>-dk<key_dim>/{mean,lower,upper}` (mean, mean - sd,
-    mean + sd over seeds) at each step, and their custom-scalars layout.
-    Rewritten from scratch each time."""
-    shutil.rmtree(os.path.join(logdir, CURVES_DIR), ignore_errors=True)
+    mean + sd over seeds) at each step, and their custom-scalars layout."""
     curves = [curve for curve in curves if curve["seeds"]]
-    if not curves:
-        return
-    with SummaryWriter(os.path.join(logdir, CURVES_DIR)) as writer:
-        _write_layout_proto(writer, curves_layout(curves))
-        for curve in curves:
-            for name, series in curve["metrics"].items():
-                for step, mean, sd in zip(series["steps"], series["mean"],
-                                          series["sd"]):
-                    for suffix, value in (("mean", mean),
-                                          ("lower", mean - sd),
-                                          ("upper", mean + sd)):
-                        writer.scalar(f"{curve_tag(curve, name)}/{suffix}",
-                                      value, step)
+    write_points(os.path.join(logdir, CURVES_DIR), [
+        (f"{curve_tag(curve, name)}/{suffix}", value, step)
+        for curve in curves
+        for name, series in curve["metrics"].items()
+        for step, mean, sd in zip(series["steps"], series["mean"],
+                                  series["sd"])
+        for suffix, value in (("mean", mean), ("lower", mean - sd),
+                              ("upper", mean + sd))],
+        curves_layout(curves))

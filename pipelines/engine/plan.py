@@ -53,8 +53,7 @@ class Run:
     Attributes:
         arm: the arm's name.
         values: `{setting: value}` of the run's axes, in the grid's order
-            (the seed last); each is also readable as an attribute
-            (`run.key_dim`, `run.seed`).
+            (the seed last).
         config: the run's `TrainConfig`.
         trained: False for a run measured at initialization only.
     """
@@ -67,13 +66,6 @@ class Run:
     @property
     def name(self):
         return run_name(self.arm, self.values)
-
-    def __getattr__(self, name):
-        # Only reached for names that are not fields: the axis values.
-        values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
 
 
 @dataclasses.dataclass
@@ -138,6 +130,20 @@ class Grid:
 
     def trained_runs(self):
         return [run for run in self.runs() if run.trained]
+
+    def slice(self, over=("key_dim", "seed")):
+        """`{axis: its first value}` over the axes besides `over`: the runs
+        a report measured over `over` alone reads (the shallowest stack,
+        the shortest sequence), so that runs of different depths are never
+        pooled. Empty when the grid has no other axis."""
+        return {name: values[0] for name, values in self.axes.items()
+                if name not in over}
+
+    def in_slice(self, values, free=None):
+        """Whether a run's axis values (its `values`, or a record holding
+        them) lie in `slice()`; the axis `free` may take any value."""
+        return all(values.get(name) == value
+                   for name, value in self.slice().items() if name != free)
 
     def _run(self, arm, values):
         key_dim = values.get("key_dim", self.base.key_dim)

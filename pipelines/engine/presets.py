@@ -34,6 +34,15 @@ class Arm:
     qk_norm: bool = False
     gain_exponent: float = 0.0
 
+    @property
+    def mode(self):
+        """The scale mode the arm stands for in a picture at init (`sqrt`,
+        `none`, `qk_norm`, ...): its scale, or `qk_norm`; None for an arm
+        that changes the initial weights."""
+        if self.gain_exponent:
+            return None
+        return "qk_norm" if self.qk_norm else self.scale
+
     def overrides(self, key_dim, base_gain):
         """The `TrainConfig` fields this arm sets for `key_dim`."""
         return {
@@ -70,6 +79,12 @@ ARMS = {
     )
 }
 
+# The two arms every claim and verdict compares: the standard attention,
+# then the same model without the scale.
+PAIR = ("scaled", "unscaled")
+# Scale mode -> the arm that stands for it (`Arm.mode`).
+MODE_ARMS = {arm.mode: name for name, arm in ARMS.items() if arm.mode}
+
 # Settings the arms set per run: a grid refuses them as flags.
 ARM_SETTINGS = ("scale", "qk_norm", "arm")
 
@@ -89,7 +104,9 @@ class Preset:
         trained: `{setting: values}`: runs with other values of the setting
             are measured at init only (compare's cheap init statistics).
         jobs: runs trained at once by default.
-        options: the report's own options (`variance_samples`, ...).
+        options: the report's own options (`variance_samples`, ...; a
+            compare preset may name its `claims`, by default all of
+            `pipelines.compare.claims`).
     """
 
     task: str

@@ -1,32 +1,20 @@
-"""A learning-rate sweep: does the score scale still matter once the
+"""`keras-attention sweep`: does the score scale still matter once the
 learning rate is tuned?
 
-    keras-attention sweep                         # the quick default, CPU
-    keras-attention sweep --arms scaled,unscaled,qk_norm,inverse \\
-        --optimizers sgd,adam --learning-rates 1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 \\
-        --key-dims 256,1024 --seeds 3 --steps 1000 --logdir runs/sweep
+The grid (arm, optimizer, learning rate, d_k, seed, and any other axis
+given as a list) is the experiment engine's (`pipelines.engine`: it
+trains, resumes and shards the runs); this package is the report over
+them: sweep.json, sweep.md, sweep.html, the figures and the HParams
+metrics (the outputs are described in docs/experiments.md).
 
-Trains the comparison's model on its task (the engine's arms and presets,
-`pipelines.engine`) over a grid of (arm, optimizer, learning rate, d_k,
-seed), and any other axis given as a list, each run a directory
-`LOGDIR/<arm>-<optimizer>-lr<lr>-dk<d_k>-seed<seed>/` as `train` writes it.
-The engine trains, resumes and shards the grid (`--jobs N` worker
-processes, each reusing the compiled step of the previous run when the
-shapes match); this package is the report over its runs. Under `LOGDIR`:
+    __init__      the command line and `report`
+    analysis      records, curves over the rate, sensitivity, verdicts
+    init_picture  score std and entropy at init per scale mode over d_k
+    figures, report, tensorboard
+                  the figures, sweep.json and sweep.md, the end metrics
 
-    sweep.json, sweep.md, sweep.html   the document, the report, the same
-                                       report self-contained (figures inline)
-    figures/*.png                      loss and accuracy against the learning
-                                       rate, LR sensitivity, max logit and
-                                       entropy, the d_k picture at init
-    experiment/                        the HParams experiment (arm, optimizer,
-                                       learning rate, d_k, seed; end metrics
-                                       in each <run>/validation/)
-
-The package (floor 3, pipelines): analysis, init_picture, figures,
-tensorboard and report; they import keras_attention, the engine, the
-pipelines below them and `pipelines.compare.measure` (the probe at init),
-never pipelines.cli.
+It builds on the reports' toolkit (`pipelines.reports`) and never imports
+`pipelines.compare`.
 """
 
 import os
@@ -43,8 +31,8 @@ from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
 from pipelines.common import parse_int_list
-from pipelines.page import render_page
-from pipelines.plotting import write_figures
+from pipelines.reports.page import render_page
+from pipelines.reports.plotting import write_figures
 from pipelines.sweep.analysis import run_record
 from pipelines.sweep.figures import make_figures
 from pipelines.sweep.init_picture import measure_init

@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import mean_sd
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import read_metrics
 from pipelines.tensorboard import read_event_scalars
@@ -18,8 +20,9 @@ from pipelines.tensorboard import read_event_scalars
 # The final diagnostics each record keeps (`keras_attention.diagnostics`).
 FINAL_DIAGNOSTICS = ("entropy_normalized", "saturated_fraction",
                      "max_abs_score", "score_std")
-REFERENCE_ARM = "scaled"
-QUESTION_ARM = "unscaled"
+# The verdicts ask whether the learning rate rescues the pair's second arm
+# and compare it with the first.
+REFERENCE_ARM, QUESTION_ARM = PAIR
 
 
 # ---------------------------------------------------------------- records
@@ -34,9 +37,9 @@ def run_record(run):
     final = (diagnostics.get("final") or {}).get("summary") or {}
     diverged = metrics.get("diverged_at_step") is not None
     return {
-        "run": run.name, "arm": run.arm, "optimizer": run.optimizer,
-        "learning_rate": run.learning_rate, "key_dim": run.key_dim,
-        "seed": run.seed,
+        "run": run.name, "arm": run.arm,
+        **{name: run.values[name] for name in ("optimizer", "learning_rate",
+                                               "key_dim", "seed")},
         # A diverged run has no final loss: the last evaluation came before
         # the loss became non-finite.
         "final_loss": None if diverged else metrics.get("heldout_loss"),
@@ -71,13 +74,6 @@ def _groups(records, fields):
     return grouped
 
 
-def _mean_sd(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values))
-
-
 # ----------------------------------------------------------------- curves
 def curves(records):
     """Per (optimizer, key_dim, arm): the learning rates and, per rate, the
@@ -98,8 +94,8 @@ def curves(records):
         ):
             stats = [[value(r) for r in by_rate[(rate,)]] for rate in rates]
             curve[name] = {
-                "mean": [_mean_sd(s)[0] for s in stats],
-                "sd": [_mean_sd(s)[1] for s in stats],
+                "mean": [mean_sd(s)[0] for s in stats],
+                "sd": [mean_sd(s)[1] for s in stats],
                 "min": [min((v for v in s if v is not None), default=None)
                         for s in stats],
                 "max": [max((v for v in s if v is not None), default=None)
@@ -136,7 +132,7 @@ def sensitivities(records):
             init_loss = float(np.mean(init)) if init else math.inf
             per_seed[seed] = lr_sensitivity(
                 [r["final_loss"] for r in runs], init_loss)
-        mean, sd = _mean_sd(list(per_seed.values()))
+        mean, sd = mean_sd(list(per_seed.values()))
         out.append({"optimizer": optimizer, "key_dim": key_dim, "arm": arm,
                     "per_seed": per_seed, "mean": mean, "sd": sd})
     return out
@@ -158,10 +154,10 @@ def best_rates(records):
                        and r["diverged_at_step"] is None
                        for r in by_rate[(rate,)])
 
-        loss = {rate: _mean_sd([capped_loss(r) for r in by_rate[(rate,)]])[0]
+        loss = {rate: mean_sd([capped_loss(r) for r in by_rate[(rate,)]])[0]
                 for rate in rates}
         best = min(rates, key=lambda rate: (loss[rate] is None, loss[rate]))
-        accuracy = _mean_sd([r["final_accuracy"] or 0.0
+        accuracy = mean_sd([r["final_accuracy"] or 0.0
                              for r in by_rate[(best,)]])
         seeds = len(by_rate[(best,)])
         out.append({

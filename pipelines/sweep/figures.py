@@ -14,9 +14,11 @@ plotted can be read back and checked against the JSON).
   scale mode, ± sd over seeds.
 """
 
-from pipelines.plotting import colour
-from pipelines.plotting import draw_figures
-from pipelines.plotting import new_figure
+from pipelines.reports.plotting import colour
+from pipelines.reports.plotting import draw_figures
+from pipelines.reports.plotting import finish_panel
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
 
 
 def _panels(curve_list):
@@ -42,18 +44,13 @@ def _curve_rows(curve_list, rows, title):
                 if not points:
                     continue
                 xs, means, lows, highs = zip(*points)
-                ax.plot(xs, means, marker="o", label=curve["arm"],
-                        color=colour(curve["arm"]))
-                ax.fill_between(xs, lows, highs, alpha=0.2,
-                                color=colour(curve["arm"]), linewidth=0)
+                series_panel(ax, [(curve["arm"], curve["arm"], xs, means,
+                                   (lows, highs))], spread="band")
             ax.set_xscale("log")
             if log_y:
                 ax.set_yscale("log")
             ax.set_xlabel("learning rate")
-            ax.set_ylabel(label)
-            ax.set_title(f"{optimizer}, d_k {key_dim}")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            finish_panel(ax, label, f"{optimizer}, d_k {key_dim}")
     figure.suptitle(title)
     return figure
 
@@ -108,20 +105,18 @@ def init_figure(rows):
     for ax, (metric, label, log_y) in zip(axes[0], (
             ("score_std", "score std at init", True),
             ("entropy_normalized", "entropy / log(keys) at init", False))):
-        for mode in modes:
-            mine = sorted((r for r in rows if r["mode"] == mode),
-                          key=lambda r: r["key_dim"])
-            ax.errorbar([r["key_dim"] for r in mine],
-                        [r[metric]["mean"] for r in mine],
-                        yerr=[r[metric]["sd"] for r in mine], marker="o",
-                        capsize=3, label=mode, color=colour(mode))
+        series_panel(ax, [
+            (mode, mode, [r["key_dim"] for r in mine],
+             [r[metric]["mean"] for r in mine],
+             [r[metric]["sd"] for r in mine])
+            for mode in modes
+            for mine in (sorted((r for r in rows if r["mode"] == mode),
+                                key=lambda r: r["key_dim"]),)])
         ax.set_xscale("log", base=2)
         if log_y:
             ax.set_yscale("log")
         ax.set_xlabel("d_k")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_panel(ax, label, "")
     figure.suptitle("At initialisation, per scale mode (± sd over seeds)")
     return figure
 

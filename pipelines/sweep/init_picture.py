@@ -5,18 +5,20 @@ With q and k of unit-variance components (the comparison's W_Q, W_K init),
 q·k has std √d_k: 1/√d_k holds the scores' std near 1 at every d_k, no
 scale lets it grow like √d_k, and 1/d_k (μP) shrinks it like 1/√d_k, so
 the softmax tends to uniform. qk_norm normalizes q and k and keeps 1/√d_k.
-Measured with `pipelines.compare.measure.probe_at_init`, the probe of each
+Measured with `pipelines.reports.probes.probe_at_init`, the probe of each
 run's initial weights.
 """
 
 import numpy as np
 
 from pipelines.engine.presets import ARMS
-from pipelines.compare.measure import probe_at_init
+from pipelines.engine.presets import MODE_ARMS
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.probes import probe_at_init
 
-# Scale mode -> the comparison arm that has it.
-MODES = {"sqrt": "scaled", "none": "unscaled", "inverse": "inverse",
-         "qk_norm": "qk_norm"}
+# Scale mode -> the arm that has it, for the modes of the picture.
+MODES = {mode: MODE_ARMS[mode] for mode in ("sqrt", "none", "inverse",
+                                            "qk_norm")}
 STATISTICS = ("score_std", "entropy_normalized", "max_abs_score")
 
 
@@ -36,9 +38,8 @@ def measure_init(base, key_dims, seeds, log=print):
                     values[name].append(float(summary[name]))
             row = {"mode": mode, "arm": arm, "key_dim": key_dim}
             for name, measured in values.items():
-                row[name] = {"mean": float(np.mean(measured)),
-                             "sd": float(np.std(measured)),
-                             "values": measured}
+                mean, sd = mean_sd(measured)
+                row[name] = {"mean": mean, "sd": sd, "values": measured}
             rows.append(row)
         log(f"init picture: {mode} measured at d_k "
             f"{', '.join(map(str, key_dims))}")

@@ -1,8 +1,10 @@
 """The sweep's report: `sweep.json` (the document) and `sweep.md`, built
 from the same document (`sweep.html` is `sweep.md` made self-contained,
-`pipelines.page`)."""
+`pipelines.reports.page`)."""
 
 from pipelines.common import markdown_table
+from pipelines.reports.numbers import SD_NOTE
+from pipelines.reports.numbers import fmt
 from pipelines.sweep.analysis import best_rates
 from pipelines.sweep.analysis import curves
 from pipelines.sweep.analysis import sensitivities
@@ -79,19 +81,13 @@ def _tables(document):
     runs = markdown_table(
         ["run", "final loss", "accuracy", "steps to target", "diverged at",
          "max |q·k·scale|", "entropy / log(keys)", "saturated"],
-        [[r["run"], _num(r["final_loss"]), _num(r["final_accuracy"]),
-          _num(r["steps_to_target"]), _num(r["diverged_at_step"]),
-          _num(r["final"]["max_abs_score"], 2),
-          _num(r["final"]["entropy_normalized"]),
-          _num(r["final"]["saturated_fraction"])]
+        [[r["run"], fmt(r["final_loss"]), fmt(r["final_accuracy"]),
+          fmt(r["steps_to_target"]), fmt(r["diverged_at_step"]),
+          fmt(r["final"]["max_abs_score"], 2),
+          fmt(r["final"]["entropy_normalized"]),
+          fmt(r["final"]["saturated_fraction"])]
          for r in document["runs"]], left_columns=1)
     return best, init, runs
-
-
-def _num(value, digits=3):
-    if value is None:
-        return "—"
-    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
 
 
 def _summary_lines(document):
@@ -116,6 +112,7 @@ def _summary_lines(document):
             f"compile, first step, evaluations, diagnostics, checkpoints, "
             f"saving): {cost['overhead_s_mean']:.2f} s on average, "
             f"{cost['overhead_fraction']:.1%} of the training time.")
+    lines.append(SD_NOTE)
     exponents = document["init_growth_exponents"]
     if exponents:
         lines.append("Growth of the init score std with d_k (slope of log std "
@@ -127,7 +124,7 @@ def _summary_lines(document):
 
 def render_markdown(document, figures=()):
     """`sweep.md`; `figures` are the entries of
-    `pipelines.plotting.write_figures`."""
+    `pipelines.reports.plotting.write_figures`."""
     best, init, runs = _tables(document)
     lines = ["# Learning-rate sweep: does the scale matter once the rate is "
              "tuned?", "", *_summary_lines(document), ""]

@@ -62,7 +62,7 @@ def render_page(logdir, report_markdown, figures, title):
     Args:
         logdir: the report's directory (images are read from it).
         report_markdown: the report's Markdown.
-        figures: the entries of `pipelines.plotting.write_figures` (their
+        figures: the entries of `plotting.write_figures` (their
             PNG paths in the Markdown are replaced by their SVG).
         title: the page title.
     """

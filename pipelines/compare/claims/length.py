@@ -1,89 +1,53 @@
-"""Claim 5, "with the 1/√d_k scale attention fades as n grows", decided
-from three measurements, and its section of the report.
-
-1. At init (`keras_attention.diagnostics.length_at_init`, one query among
-   n = 16 .. 4096 keys, one of them relevant): normalized entropy, the
-   relevant key's weight and the max weight per scale mode (sqrt, none,
-   qk_norm, ssmax), beside the i.i.d. theory. The sqrt scale *fades* when
-   its relevant weight falls by at least `claims.GAP` from the shortest to
-   the longest n.
-2. Trained at each length of the grid's length axis (`--num-pairs`, or
-   `--seq-len` for the other tasks): final held-out accuracy per arm. The
-   scaled model fades there when its accuracy falls by at least `GAP` from
-   the shortest to the longest length and, when an ssmax arm ran, ssmax
-   falls at least `GAP` less (a fall every arm shares is the task getting
-   harder, not the scale).
-3. Trained at the shortest recall length, evaluated at multiples of it
-   (`extrapolate`): accuracy and the query's weight on its pair. The scaled
-   model fades there when that weight falls by at least `GAP` from 1× to
-   the largest multiple.
-
-The claim holds when the init measurement fades and every trained
-measurement that ran does too.
+"""Claim 5, "with the 1/√d_k scale attention fades as n grows", from three
+measurements (`length_measures`): the init curves over n per scale mode
+beside the i.i.d. theory, which fade when the sqrt scale's relevant weight
+falls by at least `GAP` from the shortest to the longest n; the runs
+trained at each length of the grid's length axis (the query's weight on
+its pair on recall, else the accuracy), which fade when the scaled arm's
+falls by `GAP` and ssmax's, when it ran, by `GAP` less (a fall every arm
+shares is the task getting harder); and recall trained at one length, read
+at multiples of it, which fades when that weight falls by `GAP`. The claim
+holds when the init curves fade and every trained measurement that ran
+does too.
 """
 
-import math
-
-from keras_attention.diagnostics import length_at_init
+from pipelines.builders import build_task
 from pipelines.common import markdown_table
-from pipelines.compare.axes import in_slice
-from pipelines.compare.claims import GAP
-from pipelines.compare.claims import mean_sd
-from pipelines.compare.formats import fmt
-from pipelines.compare.formats import fmt_mean_sd
-from pipelines.compare.formats import fmt_steps
+from pipelines.compare.claims.length_measures import INIT_ARMS
+from pipelines.compare.claims.length_measures import INIT_STATISTICS
+from pipelines.compare.claims.length_measures import evaluated_runs
+from pipelines.compare.claims.length_measures import extrapolation
+from pipelines.compare.claims.length_measures import half_point
+from pipelines.compare.claims.length_measures import init_curves
+from pipelines.compare.claims.length_measures import length_axis
+from pipelines.compare.claims.length_measures import length_eval_figure
+from pipelines.compare.claims.length_measures import multiple_rows
+from pipelines.compare.claims.length_measures import pair_weights
+from pipelines.compare.claims.length_measures import points
+from pipelines.compare.claims.length_measures import table
+from pipelines.compare.claims.length_measures import theory_half
+from pipelines.compare.claims.learning import GAP
+from pipelines.compare.measure import document_arms
+from pipelines.engine.presets import ARMS
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import fmt
+from pipelines.reports.numbers import fmt_mean_sd
+from pipelines.reports.numbers import fmt_steps
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.plotting import colour
+from pipelines.reports.plotting import finish_panel
+from pipelines.reports.plotting import log2_axis
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
 
-# The init curves' modes: (name, scale, qk_norm).
-INIT_MODES = (("sqrt", "sqrt", False), ("none", "none", False),
-              ("qk_norm", "sqrt", True), ("ssmax", "ssmax", False))
-INIT_STATISTICS = ("entropy_normalized", "relevant_weight", "max_weight")
-# Queries per n of the init curves: standard errors of the mean weights
-# about 0.01-0.03 (measured at d_k 64).
-INIT_TRIALS = 256
-REFERENCE = "scaled"
+NUMBER = "5"
+STATEMENT = "With the 1/√d_k scale attention fades as n grows"
+SCALAR_RUNS = ("length_init", "length", "length_eval")
+# The arm that is aware of the length (its log n factor).
 LENGTH_AWARE = "ssmax"
-
-
-def init_curves(key_dim, reference_length, trials=INIT_TRIALS):
-    """`{"key_dim", "reference_length", "trials", "modes": {mode:
-    {"num_keys", "score_scale", <statistic>, <statistic>_sem, "theory":
-    {<statistic>: [...]}}}}` at init, lists over n = 16 .. 4096; ssmax's
-    s_h starts at 1/log(`reference_length`), the key count it is built
-    for."""
-    curves = {}
-    for mode, scale, qk_norm in INIT_MODES:
-        measured = length_at_init(
-            scale, key_dim=key_dim, num_trials=trials, qk_norm=qk_norm,
-            reference_length=reference_length if scale == "ssmax" else None)
-        curves[mode] = {
-            "num_keys": [int(n) for n in measured["num_keys"]],
-            "score_scale": [float(c) for c in measured["score_scale"]],
-            **{name: [float(v) for v in measured[name]]
-               for name in INIT_STATISTICS},
-            **{f"{name}_sem": [float(v) for v in measured[f"{name}_sem"]]
-               for name in INIT_STATISTICS},
-            "theory": {name: [float(v) for v in measured["theory"][name]]
-                       for name in INIT_STATISTICS},
-        }
-    return {"key_dim": key_dim, "reference_length": reference_length,
-            "trials": trials, "modes": curves}
-
-
-def _half_point(curve):
-    """The first n where the relevant weight is below 1/2, or None."""
-    return next((n for n, w in zip(curve["num_keys"],
-                                   curve["relevant_weight"]) if w < 0.5),
-                None)
-
-
-def _weights(records, arm, train_pairs, multiple):
-    """The relevant weight (the largest of the layers' means) and the
-    accuracy of each evaluated seed."""
-    chosen = [r for r in records if r["arm"] == arm
-              and r["train_pairs"] == train_pairs
-              and r["multiple"] == multiple]
-    return ([max(r["relevant_weight"]) for r in chosen],
-            [r["accuracy"] for r in chosen])
+REFERENCE = PAIR[0]
+# Their scale modes, the keys of the init curves.
+_REFERENCE_MODE, _AWARE_MODE = ARMS[REFERENCE].mode, ARMS[LENGTH_AWARE].mode
 
 
 def _trained_rows(plan, results, axis, evaluated):
@@ -96,8 +60,8 @@ def _trained_rows(plan, results, axis, evaluated):
         for arm in plan.arms:
             records = [r for r in results["runs"] if r["arm"] == arm
                        and r["key_dim"] == key_dim and r.get(axis) == length
-                       and in_slice(plan, r, except_axis=axis)]
-            weight = _weights(evaluated, arm, length, 1)[0]
+                       and plan.in_slice(r, free=axis)]
+            weight = pair_weights(evaluated, arm, length, 1)[0]
             arms[arm] = {"final_accuracy": [r["final_accuracy"]
                                             for r in records],
                          "mean": mean_sd([r["final_accuracy"]
@@ -106,29 +70,6 @@ def _trained_rows(plan, results, axis, evaluated):
                          "relevant_weight": weight,
                          "relevant_weight_mean": mean_sd(weight)[0]}
         rows.append({axis: length, "arms": arms})
-    return rows
-
-
-def _extrapolation_rows(plan, records):
-    """Per multiple of the shortest evaluated length (when it was
-    evaluated at more than 1x): per arm accuracy and relevant weight over
-    seeds."""
-    shortest = min((r["train_pairs"] for r in records), default=None)
-    multiples = sorted({r["multiple"] for r in records
-                        if r["train_pairs"] == shortest})
-    if len(multiples) < 2:
-        return []
-    rows = []
-    for multiple in multiples:
-        arms = {}
-        for arm in plan.arms:
-            weight, accuracy = _weights(records, arm, shortest, multiple)
-            arms[arm] = {"accuracy": accuracy,
-                         "accuracy_mean": mean_sd(accuracy)[0],
-                         "relevant_weight": weight,
-                         "relevant_weight_mean": mean_sd(weight)[0]}
-        rows.append({"multiple": multiple, "eval_pairs": multiple * shortest,
-                     "arms": arms})
     return rows
 
 
@@ -162,12 +103,12 @@ def length_claim(plan, results, curves, evaluated, axis):
         "extrapolation": {..., "records"}}`, each part with its rows and
         `"fades"` (None where it did not run).
     """
-    sqrt = curves["modes"]["sqrt"]
+    sqrt = curves["modes"][_REFERENCE_MODE]
     init_fall = sqrt["relevant_weight"][0] - sqrt["relevant_weight"][-1]
     init = {"fades": init_fall >= GAP, "relevant_weight_fall": init_fall,
-            "half_weight_n": _half_point(sqrt),
-            "half_weight_n_ssmax": _half_point(curves["modes"]["ssmax"]),
-            "theory_half_weight_n": _theory_half(curves["key_dim"]),
+            "half_weight_n": half_point(sqrt),
+            "half_weight_n_ssmax": half_point(curves["modes"][_AWARE_MODE]),
+            "theory_half_weight_n": theory_half(curves["key_dim"]),
             "curves": curves}
     trained_rows = _trained_rows(plan, results, axis, evaluated) if axis \
         else []
@@ -181,7 +122,7 @@ def length_claim(plan, results, curves, evaluated, axis):
                "scaled_fall": fall, "ssmax_fall": aware, "fades": fades,
                "scaled_accuracy_fall": accuracy[0],
                "ssmax_accuracy_fall": accuracy[1]}
-    rows = _extrapolation_rows(plan, evaluated)
+    rows = multiple_rows(plan, evaluated)
     fall, aware, fades = _fades(rows, lambda arm: arm["relevant_weight_mean"])
     accuracy = _fades(rows, lambda arm: arm["accuracy_mean"])
     extrapolation = {"rows": rows, "scaled_weight_fall": fall,
@@ -197,19 +138,12 @@ def length_claim(plan, results, curves, evaluated, axis):
             "trained": trained, "extrapolation": extrapolation}
 
 
-def _theory_half(key_dim):
-    """The n where the i.i.d. theory's relevant weight under the sqrt
-    scale is 1/2: e^{s*} = (n - 1) e^{σ²/2}, s* = √d_k, σ = 1."""
-    return 1.0 + math.exp(math.sqrt(key_dim) - 0.5)
-
-
-# ---------------------------------------------------------------- words
 def length_verdict(claim):
     """`(lines, holds)`: the verdict on claim 5 in words."""
     curves = claim["init"]["curves"]
-    init, sqrt = claim["init"], curves["modes"]["sqrt"]
+    init, sqrt = claim["init"], curves["modes"][_REFERENCE_MODE]
     n = sqrt["num_keys"]
-    ssmax = curves["modes"]["ssmax"]["relevant_weight"]
+    ssmax = curves["modes"][_AWARE_MODE]["relevant_weight"]
     half = init["half_weight_n"]
     lines = [
         f"At init (d_k {curves['key_dim']}, one relevant key among n): the "
@@ -300,7 +234,7 @@ def _fade_words(fades, scaled, aware, what, span):
 
 
 # -------------------------------------------------------------- section
-def length_section(plan, claim):
+def section(plan, claim, results):
     """The report's lines on claim 5: the init curves, the trained lengths
     and the extrapolation."""
     curves = claim["init"]["curves"]
@@ -340,17 +274,122 @@ def length_section(plan, claim):
                       [axis, *arms, *(f"steps {a}" for a in arms),
                        *((f"weight {a}" for a in arms) if weights else ())],
                       rows), ""]
-    rows = claim["extrapolation"]["rows"]
-    if rows:
-        arms = list(plan.arms)
-        table = [[f"{row['eval_pairs']} ({row['multiple']}×)"] + [
-            fmt_mean_sd(row["arms"][arm]["accuracy"]) for arm in arms] + [
-            fmt_mean_sd(row["arms"][arm]["relevant_weight"]) for arm in arms]
-            for row in rows]
-        lines += ["Trained at the shortest length, evaluated held-out at "
-                  "longer ones (position table tiled; accuracy, then the "
-                  "query's weight on its pair):", "",
-                  *markdown_table(["pairs", *(f"accuracy {a}" for a in arms),
-                                   *(f"weight {a}" for a in arms)], table),
-                  ""]
+    lines += table(plan, claim["extrapolation"]["rows"])
     return lines
+
+
+# ------------------------------------------------------------ interface
+def applies(plan):
+    """With a length axis (`num_pairs`, `seq_len`) or `length_multiples`."""
+    return bool(length_axis(plan) or plan.options.get("length_multiples"))
+
+
+def measure(plan, results, log=print):
+    """Claim 5: the init curves at the largest d_k (ssmax's s_h from the
+    shortest trained length), the trained lengths and the recall runs read
+    at multiples of theirs."""
+    axis = length_axis(plan)
+    key_dims = plan.trained_axis("key_dim") or plan.axis("key_dim")
+    shortest = plan.base if axis is None else plan.base.replace(
+        **{axis: plan.trained_axis(axis)[0]})
+    curves = init_curves(key_dims[-1], build_task(shortest).seq_len)
+    log(f"length: init curves at d_k {key_dims[-1]} for "
+        f"{', '.join(curves['modes'])}")
+    records = extrapolation(plan, evaluated_runs(plan), log)
+    return length_claim(plan, results, curves, records, axis)
+
+
+def headline(plan, claim):
+    if claim.get("holds") is None:
+        return None
+    sqrt = claim["init"]["curves"]["modes"][_REFERENCE_MODE]
+    n = sqrt["num_keys"]
+    return (f"the relevant key's weight at init "
+            f"{sqrt['relevant_weight'][0]:.2f} at n {n[0]}, "
+            f"{sqrt['relevant_weight'][-1]:.2f} at n {n[-1]}")
+
+
+def verdict(plan, claim, results):
+    return length_verdict(claim)
+
+
+_INIT_PANELS = (("relevant_weight", "relevant key's weight"),
+                ("entropy_normalized", "normalized entropy"),
+                ("max_weight", "max weight"))
+
+
+def length_init_figure(document):
+    """The init curves against n, per mode, with the theory."""
+    claim = (document.get("claims") or {}).get(NUMBER)
+    if not claim:
+        return None
+    curves = claim["init"]["curves"]
+    figure, axes = new_figure(15, 4.0, 1, len(_INIT_PANELS))
+    for ax, (name, title) in zip(axes[0], _INIT_PANELS):
+        for mode in map(lambda arm: ARMS[arm].mode, INIT_ARMS):
+            curve = curves["modes"][mode]
+            n = curve["num_keys"]
+            ax.errorbar(n, curve[name], yerr=curve[f"{name}_sem"],
+                        color=colour(mode), marker="o", capsize=2,
+                        linestyle="none", label=f"{mode} measured")
+            ax.plot(n, curve["theory"][name], color=colour(mode),
+                    linestyle="--", linewidth=1, label=f"{mode} theory")
+        log2_axis(ax, curves["modes"][_REFERENCE_MODE]["num_keys"],
+                  "n (keys)")
+        finish_panel(ax, title, f"{title} at init, d_k {curves['key_dim']}",
+                     unit=True)
+    return figure
+
+
+def length_trained_figure(document):
+    """Final accuracy against the trained length, per arm."""
+    claim = (document.get("claims") or {}).get(NUMBER)
+    trained = (claim or {}).get("trained") or {}
+    if not trained.get("rows"):
+        return None
+    axis = trained["axis"]
+    figure, axes = new_figure()
+    ax = axes[0][0]
+    lengths = [row[axis] for row in trained["rows"]]
+    series_panel(ax, [
+        (arm, arm, lengths, [row["arms"][arm]["mean"]
+                             for row in trained["rows"]], None)
+        for arm in document_arms(document, trained["rows"][0]["arms"])],
+        spread="none")
+    log2_axis(ax, lengths, axis)
+    finish_panel(ax, "final held-out accuracy", f"Trained at each {axis}",
+                 unit=True)
+    return figure
+
+
+FIGURES = (
+    ("length_init", "(h) At initialization, one relevant key among n: its "
+     "weight, the normalized entropy and the max weight against n per scale "
+     "mode, measured (± standard error) and the i.i.d. theory (dashed).",
+     length_init_figure),
+    ("length_trained", "(i) Final held-out accuracy against the trained "
+     "length, per arm.", length_trained_figure),
+    ("length_eval", "(j) Trained at the shortest length, evaluated at "
+     "multiples of it: accuracy and the query's weight on its pair.",
+     length_eval_figure),
+)
+
+
+def scalars(plan, claim, results):
+    """Over n keys at init (`init/` and `theory/` per mode), over the
+    trained length (final/accuracy) and over the evaluated pairs."""
+    trained = claim["trained"]
+    return {
+        "length_init": [
+            (f"{kind}/{name}/{mode}", values[i], n)
+            for mode, curve in claim["init"]["curves"]["modes"].items()
+            for name in INIT_STATISTICS
+            for kind, values in (("init", curve[name]),
+                                 ("theory", curve["theory"][name]))
+            for i, n in enumerate(curve["num_keys"])],
+        "length": [(f"final/accuracy/{arm}", values["mean"],
+                    row[trained["axis"]])
+                   for row in trained["rows"]
+                   for arm, values in row["arms"].items()],
+        "length_eval": points(claim["extrapolation"]["rows"]),
+    }

@@ -7,7 +7,7 @@ the normalized entropy of every layer at init and at the end; |dL/dscores|
 of the first (bottom) layer against the last (top) at init. The gap is the
 scaled minus the unscaled final accuracy on each seed (runs of one depth
 and seed share data and initial weights). Depth *widens* the gap when its
-mean grows by at least `claims.GAP` from the shallowest to the deepest
+mean grows by at least `learning.GAP` from the shallowest to the deepest
 stack, *closes* it when it shrinks by that much, and otherwise *leaves* it.
 The claim holds when at the deepest stack the scaled model reaches the
 target on every seed and is ahead of the unscaled one by at least `GAP`
@@ -17,15 +17,26 @@ one keeps up there. The depths between are reported, seed by seed, not
 judged: how far down the stall reaches is the trend.
 """
 
-from pipelines.common import markdown_table
-from pipelines.compare.axes import in_slice
-from pipelines.compare.claims import GAP
-from pipelines.compare.claims import mean_sd
-from pipelines.compare.formats import fmt
-from pipelines.compare.formats import fmt_mean_sd
-from pipelines.compare.formats import fmt_steps
-from pipelines.compare.series import PAIR
+import numpy as np
 
+from pipelines.common import markdown_table
+from pipelines.compare.claims.learning import GAP
+from pipelines.compare.measure import document_arms
+from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import MISSING
+from pipelines.reports.numbers import fmt
+from pipelines.reports.numbers import fmt_mean_sd
+from pipelines.reports.numbers import fmt_steps
+from pipelines.reports.numbers import mean_sd
+from pipelines.reports.plotting import colour
+from pipelines.reports.plotting import finish_panel
+from pipelines.reports.plotting import log2_axis
+from pipelines.reports.plotting import new_figure
+from pipelines.reports.plotting import series_panel
+
+NUMBER = "4"
+STATEMENT = "The scale is what lets deeper attention stacks train"
+SCALAR_RUNS = ("depth",)
 # First-over-last |dL/dscores| ratios within this fraction of each other
 # count as the same.
 RATIO_MARGIN = 0.1
@@ -35,7 +46,7 @@ def _records(plan, results, key_dim, depth, arm):
     return [r for r in results["runs"]
             if r["arm"] == arm and r["key_dim"] == key_dim
             and r.get("num_layers") == depth
-            and in_slice(plan, r, except_axis="num_layers")]
+            and plan.in_slice(r, free="num_layers")]
 
 
 def _profiles(records, stage):
@@ -86,10 +97,9 @@ def _arm_row(records):
 
 def _gap(arms):
     """The paired scaled - unscaled final accuracy per seed at one depth."""
-    scaled = dict(zip(arms["scaled"]["seeds"],
-                      arms["scaled"]["final_accuracy"]))
-    unscaled = dict(zip(arms["unscaled"]["seeds"],
-                        arms["unscaled"]["final_accuracy"]))
+    scaled, unscaled = (dict(zip(arms[arm]["seeds"],
+                                 arms[arm]["final_accuracy"]))
+                        for arm in PAIR)
     seeds = sorted(seed for seed in scaled if seed in unscaled
                    and scaled[seed] is not None
                    and unscaled[seed] is not None)
@@ -134,12 +144,11 @@ def depth_claim(plan, results):
     shallow = rows[0]["arms"]
     # The gap cannot widen where the shallow unscaled model never trained
     # and the scaled one did on every seed.
-    claim["ceiling"] = (shallow["unscaled"]["reached"] == 0
-                        and shallow["scaled"]["reached"]
-                        == len(shallow["scaled"]["seeds"]) > 0)
-    scaled_ratio = rows[-1]["arms"]["scaled"]["gradient"]["first_over_last"]
-    unscaled_ratio = rows[-1]["arms"]["unscaled"]["gradient"][
-        "first_over_last"]
+    scaled, unscaled = (shallow[arm] for arm in PAIR)
+    claim["ceiling"] = (unscaled["reached"] == 0
+                        and scaled["reached"] == len(scaled["seeds"]) > 0)
+    scaled_ratio, unscaled_ratio = (
+        rows[-1]["arms"][arm]["gradient"]["first_over_last"] for arm in PAIR)
     if scaled_ratio and unscaled_ratio is not None:
         relative = unscaled_ratio / scaled_ratio - 1
         claim["bottom_vanishes_faster_unscaled"] = (
@@ -147,16 +156,16 @@ def depth_claim(plan, results):
             False if relative > RATIO_MARGIN else None)
         claim["bottom_ratio_relative"] = relative
     deepest = rows[-1]
+    scaled = deepest["arms"][PAIR[0]]
     claim["holds"] = (deepest["gap"]["every_seed"]
-                      and deepest["arms"]["scaled"]["reached"]
-                      == len(deepest["arms"]["scaled"]["seeds"]) > 0
+                      and scaled["reached"] == len(scaled["seeds"]) > 0
                       and claim["trend"] != "closes")
     return claim
 
 
 # ---------------------------------------------------------------- words
 def _depth_line(row, target):
-    scaled, unscaled = row["arms"]["scaled"], row["arms"]["unscaled"]
+    scaled, unscaled = (row["arms"][arm] for arm in PAIR)
     n = len(scaled["seeds"])
     return (
         f"{row['num_layers']} layer(s): final accuracy scaled "
@@ -188,8 +197,7 @@ def depth_verdict(claim, target):
                  "target while the scaled one always did, so the gap had "
                  "little room to widen.")
     lines.append(text)
-    scaled = last["arms"]["scaled"]["gradient"]
-    unscaled = last["arms"]["unscaled"]["gradient"]
+    scaled, unscaled = (last["arms"][arm]["gradient"] for arm in PAIR)
     faster = claim["bottom_vanishes_faster_unscaled"]
     if claim["bottom_ratio_relative"] is not None:
         lines.append(
@@ -226,7 +234,7 @@ def _absolute_words(scaled, unscaled):
 
 
 # -------------------------------------------------------------- section
-def depth_section(plan, claim, results):
+def section(plan, claim, results):
     """The report's lines on claim 4: accuracy, entropy per layer and the
     first/last gradient per depth and arm."""
     if not claim["by_depth"]:
@@ -258,7 +266,7 @@ def depth_section(plan, claim, results):
                 for stage in ("entropy_init", "entropy_final"):
                     series = row["arms"][arm][stage]
                     cells.append(fmt(series["mean"][index]) if series
-                                 and index < len(series["mean"]) else "–")
+                                 and index < len(series["mean"]) else MISSING)
             entropy.append(cells)
     lines += markdown_table(
         ["layers", "layer", *(f"{a} {stage}" for a in arms
@@ -275,3 +283,113 @@ def depth_section(plan, claim, results):
                                                         "first/last"))],
                               gradient), ""]
     return lines
+
+
+# ------------------------------------------------------------ interface
+def applies(plan):
+    """With a `--num-layers` axis."""
+    return "num_layers" in plan.axes
+
+
+def measure(plan, results, log=print):
+    return depth_claim(plan, results)
+
+
+def headline(plan, claim):
+    if claim.get("holds") is None:
+        return None
+    first, last = claim["by_depth"][0], claim["by_depth"][-1]
+    return (f"scaled minus unscaled final accuracy "
+            f"{first['gap']['mean']:+.2f} at {first['num_layers']} "
+            f"layer(s), {last['gap']['mean']:+.2f} at {last['num_layers']}")
+
+
+def verdict(plan, claim, results):
+    return depth_verdict(claim, plan.base.target_accuracy)
+
+
+def depth_accuracy_figure(document):
+    """Final held-out accuracy against the number of layers, per arm."""
+    claim = (document.get("claims") or {}).get(NUMBER)
+    if not claim or not claim["by_depth"]:
+        return None
+    figure, axes = new_figure()
+    ax = axes[0][0]
+    depths = [row["num_layers"] for row in claim["by_depth"]]
+    series_panel(ax, [
+        (arm, arm, depths, [r["accuracy_mean"] for r in rows],
+         [r["accuracy_sd"] or 0.0 for r in rows])
+        for arm in document_arms(document, claim["by_depth"][0]["arms"])
+        for rows in ([row["arms"][arm] for row in claim["by_depth"]],)])
+    log2_axis(ax, depths, "attention layers")
+    finish_panel(ax, "final held-out accuracy", f"Accuracy against depth, "
+                 f"d_k {claim['key_dim']} (mean ± sd)", unit=True)
+    return figure
+
+
+def depth_entropy_figure(document):
+    """Normalized entropy per layer, at init and at the end, per depth."""
+    claim = (document.get("claims") or {}).get(NUMBER)
+    rows = [row for row in (claim or {}).get("by_depth", ())
+            if any(arm["entropy_init"] for arm in row["arms"].values())]
+    if not rows:
+        return None
+    figure, axes = new_figure(4.2 * len(rows), 3.6, 1, len(rows))
+    for ax, row in zip(axes[0], rows):
+        for arm in document_arms(document, row["arms"]):
+            values = row["arms"][arm]
+            for stage, style, when in (("entropy_init", "-", "init"),
+                                       ("entropy_final", "--", "end")):
+                series = values[stage]
+                if not series:
+                    continue
+                layers = list(range(1, len(series["mean"]) + 1))
+                ax.plot(layers, series["mean"], color=colour(arm),
+                        linestyle=style, marker="o", label=f"{arm} {when}")
+        ax.set_xticks(list(range(1, row["num_layers"] + 1)))
+        ax.set_xlabel("layer (1 = bottom)")
+        finish_panel(ax, "entropy / log(#keys)",
+                     f"{row['num_layers']} layer(s)", unit=True)
+    return figure
+
+
+FIGURES = (
+    ("depth_accuracy", "(f) Final held-out accuracy against the number of "
+     "attention layers, mean ± sd over seeds, per arm.",
+     depth_accuracy_figure),
+    ("depth_entropy", "(g) Normalized entropy per layer at initialization "
+     "(solid) and at the end of training (dashed), one panel per depth.",
+     depth_entropy_figure),
+)
+
+
+def scalars(plan, claim, results):
+    """Over depth (step = layers), a tag per arm: final/accuracy,
+    final/steps_to_target (seeds that reached it),
+    init/entropy_normalized (mean over layers),
+    init/entropy_normalized_{first,last} and
+    init/grad_scores_first_over_last."""
+    rows = claim["by_depth"]
+    return {"depth": [(f"{tag}/{arm}", value, step)
+                      for arm in (rows[0]["arms"] if rows else ())
+                      for row in rows
+                      for tag, value, step in _depth_points(row, arm)]}
+
+
+def _depth_points(row, arm):
+    values = row["arms"][arm]
+    reached = [s for s in values["steps_to_target"] if s is not None]
+    entropy = (values["entropy_init"] or {}).get("mean") or [None]
+    depth = row["num_layers"]
+    return [
+        ("final/accuracy", values["accuracy_mean"], depth),
+        ("final/steps_to_target",
+         float(np.mean(reached)) if reached else None, depth),
+        ("init/entropy_normalized",
+         float(np.mean(entropy)) if entropy[0] is not None else None, depth),
+        ("init/entropy_normalized_first", entropy[0], depth),
+        ("init/entropy_normalized_last", entropy[-1], depth),
+        ("init/grad_scores_first_over_last",
+         values["gradient"]["first_over_last"], depth),
+    ]
+

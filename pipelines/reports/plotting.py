@@ -17,11 +17,10 @@ from matplotlib.figure import Figure
 
 from pipelines.common import write_bytes_atomic
 from pipelines.engine.presets import ARMS
+from pipelines.engine.presets import MODE_ARMS
 
 FIGURE_DIR = "figures"
 _PNG_DPI = 120
-# Scale modes share their arm's colour (sqrt is the scaled arm's, ...).
-_MODE_ARMS = {"sqrt": "scaled", "none": "unscaled"}
 
 
 def new_figure(width=6.4, height=4.0, rows=1, columns=1):
@@ -38,7 +37,8 @@ def colour(name):
     same in every figure of every report."""
     palette = matplotlib.colormaps["tab10"].colors
     names = list(ARMS)
-    name = _MODE_ARMS.get(name, name)
+    # A scale mode has its arm's colour (sqrt the scaled arm's, ...).
+    name = MODE_ARMS.get(name, name)
     index = names.index(name) if name in names else len(names) + sum(
         map(ord, str(name)))
     return palette[index % len(palette)]
@@ -50,6 +50,39 @@ def log2_axis(ax, values, label="d_k (key dimension)"):
     ax.set_xticks(values, [str(v) for v in values])
     ax.minorticks_off()
     ax.set_xlabel(label)
+
+
+def series_panel(ax, series, spread="errorbar", marker="o"):
+    """One line per series over an axis, each in its arm's colour.
+
+    Args:
+        ax: the axes.
+        series: `[(label, name, x, mean, extent)]`; `name` picks the colour
+            (an arm or scale mode); `extent` as `spread` says.
+        spread: `"errorbar"`: `extent` is the sd per point (error bars);
+            `"band"`: `extent` is `(low, high)` per point, shaded under the
+            line; `"none"`: a plain line.
+    """
+    for label, name, x, mean, extent in series:
+        if spread == "errorbar":
+            ax.errorbar(x, mean, yerr=extent, color=colour(name),
+                        marker=marker, capsize=3, label=label)
+            continue
+        if spread == "band":
+            ax.fill_between(x, *extent, color=colour(name), alpha=0.2,
+                            linewidth=0)
+        ax.plot(x, mean, color=colour(name), marker=marker, label=label)
+
+
+def finish_panel(ax, ylabel, title, unit=False, legend=True):
+    """Labels, the grid and the legend of a panel; `unit`: y in [0, 1]."""
+    if unit:
+        ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
 
 
 def draw_figures(table, document):

@@ -1,0 +1,56 @@
+"""The probe diagnostics of a run's weights, at initialization or trained,
+for a report: `compare` measures its init-only key dims and heat maps with
+them, `sweep` its d_k picture at init."""
+
+import keras
+
+from keras_attention.diagnostics import probe_diagnostics
+from pipelines.builders import build_model
+from pipelines.builders import build_probe_batch
+from pipelines.builders import build_task
+from pipelines.builders import seed_run
+from pipelines.devices import probe_precision
+from pipelines.run_dir import restore_model
+
+
+def probe_at_init(config):
+    """The probe diagnostics of a run's initial weights, without training.
+
+    Rebuilds the model exactly as the training pipeline does (global seed,
+    then build, under the run's dtype policy), so the weights are those the
+    run starts from.
+
+    Returns:
+        The dict of `keras_attention.diagnostics.probe_diagnostics`.
+    """
+    task = build_task(config)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(probe_precision(config))
+    try:
+        seed_run(config.seed)
+        model = build_model(config, task)
+        return probe_diagnostics(model, *build_probe_batch(config, task))
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+        clear_session()
+
+
+def probe_trained(config):
+    """The probe diagnostics of a finished run's trained model."""
+    model = restore_model(config.logdir)
+    try:
+        return probe_diagnostics(
+            model, *build_probe_batch(config, build_task(config))
+        )
+    finally:
+        del model
+        clear_session()
+
+
+def clear_session():
+    """Resets Keras's global state between probed models, without the full
+    garbage collection `clear_session` runs by default: with TensorFlow
+    loaded one collection took 0.26 s of CPU, 5.9 s of the default
+    comparison's 22 probes (cProfile, CPU clock); the dropped models are
+    reclaimed by Python's own collector instead."""
+    keras.backend.clear_session(free_memory=False)
