@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import keras
 import numpy as np
@@ -31,10 +32,13 @@ from pipelines.engine.presets import PAIR
 from pipelines.engine.progress import Progress
 from pipelines.engine.progress import duration_text
 from pipelines.engine.reuse import CompiledRuns
+from pipelines.engine import runner
 from pipelines.engine.runner import shares
 from pipelines.engine.shards import resolve_shard
 from pipelines.engine.shards import shard_block
 from pipelines.train import train
+
+import _engine_tasks  # noqa: E402  (beside this file; the workers import it)
 
 GRID_FLAGS = [
     "--arms", "scaled,unscaled", "--key-dims", "8", "--seeds", "1",
@@ -371,3 +375,32 @@ def test_a_shard_leaves_the_report_to_the_last_and_report_only_writes_it(
     assert f"Not finished yet" in report and missing.pop() in report
     # Nothing was trained by --report-only.
     assert len([n for n in os.listdir(logdir) if n.endswith("seed0")]) == 1
+
+
+def test_a_dead_worker_names_its_run_and_the_other_share_finishes(tmp_path):
+    """Two shares in two spawned workers: the first's worker is killed in
+    its first run, the second's raises in its second. The dead run is
+    reported by name (the rest of its share never starts), the other
+    share's runs still end, their steps arrive, and the fault comes back as
+    the exception the worker raised."""
+    configs = {name: types.SimpleNamespace(logdir=name)
+               for name in ("dies", "never", "trained", "raises", "last")}
+    pending = tmp_path / "pending"
+    finished, steps = [], []
+    fault = runner._train_in_workers(
+        [[configs["dies"], configs["never"]],
+         [configs["trained"], configs["raises"], configs["last"]]],
+        str(pending), finished.append,
+        lambda logdir, step: steps.append((logdir, step)),
+        task=_engine_tasks.die_or_report)
+    by_name = {record["logdir"]: record for record in finished}
+    assert set(by_name) == {"dies", "trained", "last"}
+    assert by_name["dies"]["kind"] == "crash"
+    assert by_name["dies"]["error"].startswith(
+        "its worker process died during the run")
+    assert str(pending / "workers.log") in by_name["dies"]["error"]
+    assert by_name["trained"]["outcome"] == by_name["last"]["outcome"] == (
+        "trained")
+    assert isinstance(fault, ZeroDivisionError)
+    assert set(steps) <= {("trained", 1), ("last", 1)}
+    assert pending.is_dir()  # The workers' output stays for a look.

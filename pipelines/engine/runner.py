@@ -3,26 +3,27 @@ processes, each training its share of the runs one after another with
 `CompiledRuns`, so a run whose shapes match the previous one's pays no new
 process, build or compile.
 
-A worker is `python -m pipelines.engine WORKLIST.json`; it prints one line
-per step report and per finished run, which this process relays to the
-`Progress` display as they arrive.
+A share is a `ProcessPoolExecutor` of one spawned process (spawned, not
+forked: a fork would copy this process's initialised backend and its
+threads), so the share's runs stay in one process in order, and a worker
+that dies breaks its own share only. Each run's record is its task's return
+value; its steps come back through one queue. The workers' stderr (their
+backends' start-up lines, any dying words) goes to a file in `pending`.
 """
 
 import concurrent.futures
-import json
+import contextlib
+import multiprocessing
 import os
+import queue
 import shutil
-import subprocess
 import sys
-import threading
 import time
 
 import keras
 
 from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
-from pipelines.common import write_json_atomic
-from pipelines.settings import TrainConfig
 from pipelines.engine.reuse import CompiledRuns
 from pipelines.engine.reuse import shape_key
 from pipelines.locks import RunDirectoryBusy
@@ -30,12 +31,16 @@ from pipelines.run_dir import read_metrics
 from pipelines.train import train
 
 PENDING_DIR = ".pending"
-# What a worker prints before each JSON line: a finished run, a step.
-RESULT_PREFIX = "grid-run "
-STEP_PREFIX = "grid-step "
 # A worker reports a run's step at most this often.
 STEP_REPORT_S = 1.0
-_LOG_TAIL_CHARS = 2000
+# How often the progress display hears of steps while runs train.
+_POLL_S = 0.2
+_DIED = ("its worker process died during the run (killed, or out of "
+         "memory); the rest of its share was not started; the workers' "
+         "output: {}")
+# What a worker process keeps between its tasks: its `CompiledRuns`, the
+# step queue and when it last reported each run's step.
+_WORKER = {}
 
 
 def outcome(metrics):
@@ -50,33 +55,31 @@ def outcome(metrics):
                else "target not reached"))
 
 
-def train_configs(configs, emit, on_step=lambda logdir, step: None):
-    """Trains `configs` in order in this process, reusing compiled parts.
+def train_one(config, reuse, on_step=lambda logdir, step: None):
+    """Trains `config`, reusing `reuse`'s compiled parts.
 
-    `emit(record)` hears of each run as it ends, `on_step(logdir, step)` of
-    its steps. A run refused with a one-line error (`UsageError`,
-    `EnvironmentFailure`), or busy in another process, is recorded and the
-    next one goes on; any other exception is a fault and propagates.
+    Returns `(record, reuse)`: the run's timing and outcome record, and the
+    `CompiledRuns` for the next run. A run refused with a one-line error
+    (`UsageError`, `EnvironmentFailure`), or busy in another process, is
+    recorded; any other exception is a fault and propagates.
     """
-    reuse = CompiledRuns()
-    for config in configs:
-        started, cpu_started = time.time(), time.process_time()
-        reuses, error, kind = reuse.reuses, None, None
-        try:
-            metrics = train(config, hparams_experiment=False, reuse=reuse,
-                            progress=lambda step: on_step(config.logdir, step))
-        except (UsageError, EnvironmentFailure) as exception:
-            metrics, error = None, str(exception)
-            kind = ("busy" if isinstance(exception, RunDirectoryBusy)
-                    else "usage" if isinstance(exception, UsageError)
-                    else "environment")
-            reuse = CompiledRuns()
-        emit({"logdir": config.logdir, "seconds": time.time() - started,
-              "cpu_seconds": time.process_time() - cpu_started,
-              "error": error, "kind": kind,
-              "outcome": ("trained by another process" if kind == "busy"
-                          else outcome(metrics)),
-              "reused": reuse.reuses > reuses})
+    started, cpu_started = time.time(), time.process_time()
+    reuses, error, kind = reuse.reuses, None, None
+    try:
+        metrics = train(config, hparams_experiment=False, reuse=reuse,
+                        progress=lambda step: on_step(config.logdir, step))
+    except (UsageError, EnvironmentFailure) as exception:
+        metrics, error = None, str(exception)
+        kind = ("busy" if isinstance(exception, RunDirectoryBusy)
+                else "usage" if isinstance(exception, UsageError)
+                else "environment")
+        reuse = CompiledRuns()
+    return {"logdir": config.logdir, "seconds": time.time() - started,
+            "cpu_seconds": time.process_time() - cpu_started,
+            "error": error, "kind": kind,
+            "outcome": ("trained by another process" if kind == "busy"
+                        else outcome(metrics)),
+            "reused": reuse.reuses > reuses}, reuse
 
 
 def in_runner_order(runs):
@@ -107,9 +110,16 @@ def shares(configs, jobs):
     return [share for _, share in loads]
 
 
-def worker_env(threads):
-    """The environment of a worker process with `threads` CPU threads."""
-    env = dict(os.environ)
+@contextlib.contextmanager
+def worker_environment(threads, stderr):
+    """Inside, `os.environ` is that of a worker with `threads` CPU threads,
+    and file descriptor 2 is the file `stderr`, for the processes spawned
+    there (the backend and its thread pools read the environment as they
+    load, before any initializer could run); as they were after."""
+    saved, saved_stderr = dict(os.environ), os.dup(2)
+    sys.stderr.flush()
+    os.dup2(stderr.fileno(), 2)
+    env = os.environ
     # Every run trains on this process's backend (the runs' configs say
     # so, and a worker on another backend would refuse them).
     env["KERAS_BACKEND"] = keras.backend.backend()
@@ -128,39 +138,104 @@ def worker_env(threads):
             "XLA_FLAGS", ""):
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
                             + " --xla_cpu_multi_thread_eigen=false").strip()
-    return env
+    try:
+        yield
+    finally:
+        env.clear()
+        env.update(saved)
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
 
 
-def _run_worker(index, configs, pending, env, relay, on_step):
-    """One worker process over `configs`; returns (returncode, log path)."""
-    worklist = os.path.join(pending, f"worker{index}.json")
-    write_json_atomic(worklist, [config.to_dict() for config in configs])
-    log_path = os.path.join(pending, f"worker{index}.log")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.engine", worklist],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-        )
-        for line in process.stdout:
-            if line.startswith(RESULT_PREFIX):
-                relay(json.loads(line[len(RESULT_PREFIX):]))
-            elif line.startswith(STEP_PREFIX):
-                on_step(*json.loads(line[len(STEP_PREFIX):]))
-            else:
-                log.write(line)
-        process.wait()
-    return process.returncode, log_path
+def _start_worker(steps):
+    _WORKER.update(reuse=CompiledRuns(), steps=steps, last={})
 
 
-def _last_line(path):
-    with open(path) as handle:
-        tail = handle.read()[-_LOG_TAIL_CHARS:].strip().splitlines()
-    return (tail or ["no output"])[-1]
+def _report_step(logdir, step):
+    now = time.monotonic()
+    if now - _WORKER["last"].get(logdir, -STEP_REPORT_S) >= STEP_REPORT_S:
+        _WORKER["last"][logdir] = now
+        _WORKER["steps"].put((logdir, step))
+
+
+def _train_in_worker(config):
+    """A worker's task: one run, after the previous one of its share."""
+    record, _WORKER["reuse"] = train_one(config, _WORKER["reuse"],
+                                         _report_step)
+    return record
+
+
+def _train_in_workers(worker_shares, pending, finished, on_step,
+                      task=_train_in_worker):
+    """Trains each share in its own worker process; `finished(record)` as
+    each run ends, `on_step(logdir, step)` as steps are reported. A run
+    whose worker died is recorded as failed, naming how; the rest of its
+    share is not started. Returns the first fault (an exception other than
+    a one-line refusal) a run raised, or None; `pending` and the workers'
+    output in it are removed when neither happened. `task(config)` trains
+    one run in a worker (a test's stand-in)."""
+    context = multiprocessing.get_context("spawn")
+    steps = context.Queue()
+    threads = max(1, (os.cpu_count() or 1) // len(worker_shares))
+    pools = [concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=context, initializer=_start_worker, initargs=(steps,))
+        for _ in worker_shares]
+    fault, ended, broken = None, set(), set()
+    os.makedirs(pending, exist_ok=True)
+    output = os.path.join(pending, "workers.log")
+    try:
+        with open(output, "w") as log, worker_environment(threads, log):
+            # `submit` spawns the pool's process.
+            futures = {pool.submit(task, config): (pool, config)
+                       for pool, share in zip(pools, worker_shares)
+                       for config in share}
+        started = dict.fromkeys(pools, time.time())
+        waiting = set(futures)
+        while waiting:
+            done, waiting = concurrent.futures.wait(
+                waiting, _POLL_S, concurrent.futures.FIRST_COMPLETED)
+            _relay_steps(steps, ended, on_step)
+            # In submission order: within a share, the run that was
+            # training when its worker died comes first.
+            for future in sorted(done, key=list(futures).index):
+                pool, config = futures[future]
+                ended.add(config.logdir)
+                seconds = time.time() - started[pool]
+                started[pool] = time.time()
+                try:
+                    record = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    if pool in broken:
+                        continue  # Never started: counted as missing.
+                    broken.add(pool)
+                    record = {"logdir": config.logdir, "kind": "crash",
+                              "seconds": seconds,
+                              "error": _DIED.format(output)}
+                except Exception as exception:  # A fault: raised at the end.
+                    fault = fault or exception
+                    continue
+                finished(record)
+    finally:
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if fault is None and not broken:
+        shutil.rmtree(pending, ignore_errors=True)
+    return fault
+
+
+def _relay_steps(steps, ended, on_step):
+    while True:
+        try:
+            logdir, step = steps.get_nowait()
+        except queue.Empty:
+            return
+        if logdir not in ended:  # A late report of a run that has ended.
+            on_step(logdir, step)
 
 
 def train_runs(runs, jobs, pending, progress):
     """Trains `runs` (none complete yet): in this process, or in `jobs`
-    worker processes whose worklists and output go to `pending`.
+    worker processes whose output goes to `pending`.
 
     Returns:
         `{"trained_now": [names], "busy": [names], "workers": n, "builds": n
@@ -171,54 +246,43 @@ def train_runs(runs, jobs, pending, progress):
         UsageError: when every failed run was refused with a usage error;
         EnvironmentFailure: otherwise, when runs failed (after the others
             are done). Either names the first failure in one line.
+        Exception: a fault (a bug) of a run in a worker, as it was raised
+            there (with the worker's traceback), after the others are done.
     """
     names = {run.config.logdir: run.name for run in runs}
-    records, lock = [], threading.Lock()
+    records = []
 
-    def relay(record):
-        with lock:
-            records.append(record)
-            progress.finished(names.get(record["logdir"], record["logdir"]),
-                              record["outcome"] if not record["error"]
-                              else f"failed: {record['error']}",
-                              record["seconds"])
+    def finished(record):
+        records.append(record)
+        progress.finished(names[record["logdir"]],
+                          record["outcome"] if not record["error"]
+                          else f"failed: {record['error']}",
+                          record["seconds"])
 
     def on_step(logdir, step):
-        with lock:
-            progress.step(names.get(logdir, logdir), step)
+        progress.step(names[logdir], step)
 
     configs = [run.config for run in runs]
     worker_shares = shares(configs, jobs) if configs else []
-    crashed = []
     if len(worker_shares) <= 1:
-        train_configs(configs, relay, on_step)
+        reuse = CompiledRuns()
+        for config in configs:
+            record, reuse = train_one(config, reuse, on_step)
+            finished(record)
     else:
-        os.makedirs(pending, exist_ok=True)
-        threads = max(1, (os.cpu_count() or 1) // len(worker_shares))
-        env = worker_env(threads)
-        with concurrent.futures.ThreadPoolExecutor(len(worker_shares)) as pool:
-            futures = [
-                pool.submit(_run_worker, index, share, pending, env, relay,
-                            on_step)
-                for index, share in enumerate(worker_shares)
-            ]
-            for future in futures:
-                returncode, log_path = future.result()
-                if returncode != 0:
-                    crashed.append(f"{_last_line(log_path)} (its output: "
-                                   f"{log_path})")
-        if not crashed:
-            shutil.rmtree(pending, ignore_errors=True)
+        fault = _train_in_workers(worker_shares, pending, finished,
+                                  on_step)
+        if fault is not None:
+            raise fault
     failed = [r for r in records if r["error"] and r["kind"] != "busy"
               or not r["error"] and read_metrics(r["logdir"]) is None]
     missing = len(runs) - len(records)
-    if crashed or failed or missing:
+    if failed or missing:
         first = failed[0] if failed else None
         detail = (f"the first, {names[first['logdir']]}, ended with: "
                   f"{first['error'] or 'no metrics.json'}" if first
-                  else f"a worker stopped: {crashed[0]}" if crashed
                   else "a worker stopped early")
-        error = (UsageError if failed and not crashed and not missing
+        error = (UsageError if failed and not missing
                  and all(r["kind"] == "usage" for r in failed)
                  else EnvironmentFailure)
         raise error(f"{len(failed) + missing} run(s) failed; {detail}")
@@ -228,25 +292,3 @@ def train_runs(runs, jobs, pending, progress):
             "busy": busy, "workers": max(len(worker_shares), 1),
             "builds": sum(not r["reused"] for r in records if not r["error"]),
             "runs": records}
-
-
-def worker_main(argv):
-    """`python -m pipelines.engine WORKLIST.json`: trains the listed configs
-    and prints a `STEP_PREFIX` line per step report and a `RESULT_PREFIX`
-    JSON line per run."""
-    with open(argv[1]) as handle:
-        configs = [TrainConfig.from_dict(values, source=argv[1])
-                   for values in json.load(handle)]
-    last = {}
-
-    def on_step(logdir, step):
-        now = time.monotonic()
-        if now - last.get(logdir, -STEP_REPORT_S) >= STEP_REPORT_S:
-            last[logdir] = now
-            print(STEP_PREFIX + json.dumps([logdir, step]), flush=True)
-
-    def emit(record):
-        print(RESULT_PREFIX + json.dumps(record), flush=True)
-
-    train_configs(configs, emit, on_step)
-    return 0
