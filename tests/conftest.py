@@ -50,6 +50,7 @@ def tiny_config():
 
 @pytest.hookimpl(tryfirst=True)  # before `-m`/`-k` deselect anything
 def pytest_collection_modifyitems(config, items):
+    _group_by_module(items)
     modules = {backend: set() for backend in OTHER_BACKENDS}
     wanted, found = {}, {}
     for item in items:
@@ -83,3 +84,18 @@ def pytest_collection_modifyitems(config, items):
                     f"{sorted(missing)}")
     config.stash[MARKED_MODULES] = {
         backend: sorted(names) for backend, names in modules.items()}
+
+
+# ------------------------------------------------ two worker processes
+# The default run is `-n 2 --dist loadgroup` (pyproject.toml): two pytest
+# workers, each taking whole groups. A test's group is its module unless it
+# names one with `@pytest.mark.xdist_group(...)` (the modules sharing a
+# session fixture name the same group, so one worker builds it once); whole
+# modules keep their module fixtures built once. Runs before xdist's own
+# hook reads the marks (tryfirst, above).
+
+
+def _group_by_module(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
