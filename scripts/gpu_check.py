@@ -3,7 +3,7 @@
     python scripts/gpu_check.py layer JSON [--smoke]
     python scripts/gpu_check.py summary LOGDIR OUT [--smoke]
 
-`layer`: each implementation of `ScaledDotProductAttention` (and explicit
+`layer`: each path of `ScaledDotProductAttention` (and explicit
 returning its weights) in float32 and `mixed_bfloat16`, with a padding and
 a causal mask, on JAX: the output and every gradient of sum(output *
 cotangent) against a float32 explicit layer of the same weights (a second
@@ -30,12 +30,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from _bench import text_table  # noqa: E402
 
-from keras_attention.layer import IMPLEMENTATIONS  # noqa: E402
 from keras_attention.layer import ScaledDotProductAttention  # noqa: E402
 from pipelines.common import write_json_atomic  # noqa: E402
 from pipelines.common import write_text_atomic  # noqa: E402
 
-PATHS = IMPLEMENTATIONS + ("explicit_weights",)
+# "auto" is one of these at any size, so it adds no case.
+PATHS = ("explicit", "fused", "memory_efficient", "explicit_weights")
 # bfloat16 keeps 8 bits of mantissa: a relative error of a few 1e-3 per
 # rounding, compounded over the projections, two products and a softmax.
 TOLERANCE = {"float32": 2e-4, "mixed_bfloat16": 5e-2}

@@ -205,8 +205,7 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
 
     # The layer: every path, policy and mask against float32 explicit.
     layer = document["layer"]
-    paths = ("auto", "explicit", "fused", "memory_efficient",
-             "explicit_weights")
+    paths = ("explicit", "fused", "memory_efficient", "explicit_weights")
     cases = layer["cases"]
     assert sorted((c["path"], c["dtype"], c["mask"]) for c in cases) == sorted(
         (p, d, m) for p in paths for d in ("float32", "mixed_bfloat16")
