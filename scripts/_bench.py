@@ -32,9 +32,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 # TensorFlow only where the benchmark runs on it (the TF-only benchmarks
-# refuse other backends in `setup_tensorflow`).
+# refuse other backends in `setup_tensorflow`), JAX likewise.
 if keras.backend.backend() == "tensorflow":
     import tensorflow as tf  # noqa: E402
+if keras.backend.backend() == "jax":
+    import jax  # noqa: E402
 
 from pipelines.common import OneLineErrorParser  # noqa: E402
 
@@ -158,8 +160,7 @@ def round_order(names, index, mode):
 
     `"rotate"` shifts the order by one each round, so no peer always runs
     right after the same one; `"reverse"` runs every other round backwards,
-    so the slow spells of a shared machine and first-run effects do not all
-    land on one name.
+    so a shared machine's slow spells and first-run effects spread evenly.
     """
     names = list(names)
     if mode == "rotate":
@@ -179,11 +180,8 @@ def text_table(headers, rows, widths=None, header_justify="right"):
         widths: the column widths; default the widest cell of each column.
         header_justify: `"right"` or `"left"`; cells are always right-justified.
     """
-    if widths is None:
-        widths = [
-            max(len(str(h)), *(len(str(row[i])) for row in rows))
-            for i, h in enumerate(headers)
-        ]
+    widths = widths or [max(len(str(h)), *(len(str(row[i])) for row in rows))
+                        for i, h in enumerate(headers)]
     justify = str.rjust if header_justify == "right" else str.ljust
     lines = ["  ".join(justify(str(h), w) for h, w in zip(headers, widths))]
     lines.append("  ".join("-" * w for w in widths))
@@ -298,6 +296,28 @@ class TorchAttention:
         return float(sum(g.sum() for g in gradients))
 
 
+def jax_loss_and_gradients(layer, call, loss_of_output):
+    """On JAX: `(gradients, values)`, `gradients(values, x)` giving `((loss,
+    output), (d_values, d_x))` of `loss_of_output(call(layer, x))` (the first
+    output of a tuple), the trainable variables set to `values`.
+
+    Through `__call__` in a `StatelessScope`, not `stateless_call`: that one
+    runs `call` directly, which skips the dtype policy's input cast and
+    autocast, so a `mixed_bfloat16` layer would compute in float32.
+    """
+    variables = list(layer.trainable_variables)
+
+    def loss(values, x):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            output = call(layer, x)
+        if isinstance(output, (tuple, list)):  # (output, scores)
+            output = output[0]
+        return loss_of_output(output), output
+
+    return (jax.value_and_grad(loss, argnums=(0, 1), has_aux=True),
+            [variable.value for variable in variables])
+
+
 def weights_in_order(layer, use_bias):
     """A built peer's weights in the order Q, K, V, O (kernel, then bias when
     `use_bias`): of a `MultiHeadAttention`, a `ScaledDotProductAttention` or
@@ -328,9 +348,7 @@ def model_flops_per_token(config, task):
     Returns:
         FLOPs per token position (a float).
     """
-    d_model = config.d_model
-    heads = config.num_heads
-    key_dim = config.key_dim
+    d_model, heads, key_dim = config.d_model, config.num_heads, config.key_dim
     value_dim = config.value_dim or key_dim
     ff_dim = 4 * d_model if config.ff_dim is None else config.ff_dim
     seq_len = task.seq_len

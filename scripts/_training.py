@@ -1,6 +1,5 @@
-"""The pipeline's trainer under measurement, for `bench_train.py` (and the
-diagnostics timer for `gpu_check.py`'s training runs): the resolved
-configuration, the run settings that keep
+"""The pipeline's trainer under measurement, for `bench_train.py`: the
+resolved configuration, the run settings that keep
 evaluation, diagnostics and checkpoints out of the way, the trainer's steady
 throughput, and the instruments that time its diagnostics calls and take its
 input pipeline out of the loop.

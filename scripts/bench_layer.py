@@ -13,28 +13,28 @@ the same function with the same weights:
   (it always projects back to the model width);
 * `dpa`: Q/K/V/O projections written by hand as einsums with the same kernel
   shapes around `keras.ops.dot_product_attention`;
-* `torch` (when PyTorch is installed): the same step written in PyTorch
-  around `torch.nn.functional.scaled_dot_product_attention`, eager, with
-  the same weights and input (`--threads` sets its threads too).
+* `torch` (when PyTorch is installed, on the TensorFlow backend, whose CPU
+  comparison it is): the same step in PyTorch around
+  `torch.nn.functional.scaled_dot_product_attention`, eager, on the CPU,
+  with the same weights and input (`--threads` sets its threads too).
 
 Each peer gets its own `tf.function` per case (with or without
-`jit_compile`). After the warm-up calls the peers are timed in turn within
-each repeat, in an order that rotates from one repeat to the next, so machine
-noise hits them alike; the table reports the median of the repeats.
+`jit_compile`), or on `--backend jax` its own `jax.jit` (always compiled; on
+a GPU in bf16 `keras.ops.dot_product_attention` is cuDNN's fused kernel).
+After the warm-up calls the peers are timed in turn within each repeat, in
+an order that rotates from one repeat to the next, so machine noise hits
+them alike; the table reports the median of the repeats.
 
 Usage:
 
     python scripts/bench_layer.py                      # full table
     python scripts/bench_layer.py --seq-lens 128,512   # quick run
     python scripts/bench_layer.py --jit off --heads 8 --repeats 5
-    # On a machine shared with other jobs: one thread, CPU time.
-    python scripts/bench_layer.py --threads 1 --clock cpu
+    python scripts/bench_layer.py --backend jax --precision mixed_bfloat16
+    python scripts/bench_layer.py --threads 1 --clock cpu  # a shared machine
 
-The full default table is about 6 minutes of single-thread CPU work, most of
-it the two 2048-token, 8-head cases; the quick run about a quarter of that.
-Ratios within about 10% of 1 are within the run-to-run noise of a loaded
-machine: rerun a row with more `--repeats` before drawing conclusions.
-
+The full default table is about 6 minutes of single-thread CPU work. Ratios
+within about 10% of 1 are within the run-to-run noise of a loaded machine.
 Bad arguments exit with status 2 and one line on stderr.
 """
 
@@ -45,15 +45,18 @@ import statistics
 import _bench  # first: backend, log level, sys.path
 from _bench import add_flag
 from _bench import keras
-from _bench import tf
 
 import numpy as np
 
 from keras_attention.layer import IMPLEMENTATIONS
 from keras_attention.layer import ScaledDotProductAttention
+from pipelines.builders import seed_run
 
 PROG = "bench_layer.py"
 JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
+# The peers' agreement with MHA, relative to its largest output: bfloat16's
+# 8-bit mantissa, compounded over projections, two products and a softmax.
+TOLERANCE = {"float32": 1e-4, "mixed_bfloat16": 5e-2}
 # Sequences longer than this get one warm-up call and one timed repeat by
 # default: at batch 8 and 8 heads one step at 2048 tokens does about 250
 # GFLOP and moves several 1 GiB score-sized tensors (11-15 s of CPU time).
@@ -88,7 +91,13 @@ def parse_args(argv=None):
              f"sequences longer than {LONG_SEQUENCE}")
     parser.add_argument("--jit", choices=sorted(JIT_MODES), default="both",
                         help="tf.function jit_compile off, on or both "
-                        "(default both)")
+                        "(default both; JAX always compiles)")
+    parser.add_argument("--backend", choices=("tensorflow", "jax"),
+                        help="Keras backend (default: KERAS_BACKEND, else "
+                        "tensorflow)")
+    parser.add_argument("--precision", choices=tuple(TOLERANCE),
+                        default="float32", help="every Keras peer's dtype "
+                        "policy (default float32)")
     add_flag(parser, "--batch", 8, "default 8")
     add_flag(parser, "--width", 256,
              "model width D, also the output width (default 256)")
@@ -112,11 +121,8 @@ def parse_args(argv=None):
 
 
 def build_peers(args, seq_len, heads, x):
-    """Builds the peers for one (seq_len, heads) case with shared weights.
-
-    Returns:
-        A dict peer name -> layer, in table order.
-    """
+    """The peers of one (seq_len, heads) case with shared weights: a dict
+    peer name -> layer, in table order."""
     use_bias = args.use_bias == "on"
     shape = (args.batch, seq_len, args.width)
     ours = {}
@@ -124,17 +130,17 @@ def build_peers(args, seq_len, heads, x):
         layer = ScaledDotProductAttention(
             key_dim=args.key_dim, num_heads=heads, output_dim=args.width,
             use_bias=use_bias, implementation=implementation,
-            name=f"ours_{implementation}",
+            name=f"ours_{implementation}", dtype=args.precision,
         )
         layer.build(shape)
         ours[implementation] = layer
     mha = keras.layers.MultiHeadAttention(
-        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="mha"
-    )
+        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="mha",
+        dtype=args.precision)
     mha.build(shape, shape)
     dpa = _bench.HandProjectedAttention(
-        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="dpa"
-    )
+        num_heads=heads, key_dim=args.key_dim, use_bias=use_bias, name="dpa",
+        dtype=args.precision)
     dpa.build(shape)
     # Every peer gets the weights of the first of ours.
     weights = [_bench.weights_in_order(layer, use_bias)
@@ -147,43 +153,41 @@ def build_peers(args, seq_len, heads, x):
     peers = {f"ours-{name}": layer for name, layer in ours.items()}
     peers["mha"] = mha
     peers["dpa"] = dpa
+    if keras.backend.backend() != "tensorflow":
+        return peers
     try:
         peers["torch"] = _bench.TorchAttention(
-            values, heads, args.key_dim, use_bias, x.numpy()
-        )
+            values, heads, args.key_dim, use_bias, x)
     except ImportError:
         _bench.note("torch is not installed: no torch peer")
     return peers
 
 
 def _call(name, layer, x):
-    if name == "mha":
-        return layer(x, x)
-    return layer(x)
+    return layer(x, x) if name == "mha" else layer(x)
 
 
-def check_peers_agree(peers, x):
+def check_peers_agree(peers, x, precision):
     """Checks the peers' outputs on a short prefix of `x` against MHA.
 
     Exits with an error if a peer computes something else (the timings would
     be meaningless); a peer whose call raises is reported on stderr and
-    left out.
-
-    Returns:
-        The peers that ran, in the same order.
+    left out. Returns the peers that ran, in the same order.
     """
     prefix = x[:, : min(x.shape[1], 64)]
     outputs = {}
     for name, layer in peers.items():
         try:
-            outputs[name] = keras.ops.convert_to_numpy(_call(name, layer, prefix))
+            outputs[name] = np.asarray(keras.ops.convert_to_numpy(
+                _call(name, layer, prefix)), "float32")
         except Exception as error:  # Report the peer and time the others.
             _bench.note(f"{name} failed: {type(error).__name__}: "
                         f"{str(error).strip()[:300]}")
     if "mha" not in outputs:
         _bench.fail(PROG, "MultiHeadAttention, the reference peer, failed")
     reference = outputs["mha"]
-    tolerance = 1e-4 * max(1.0, float(np.max(np.abs(reference))))
+    tolerance = TOLERANCE[precision] * max(1.0, float(np.max(np.abs(
+        reference))))
     for name, output in outputs.items():
         error = float(np.max(np.abs(output - reference)))
         if not error <= tolerance:
@@ -197,21 +201,33 @@ def check_peers_agree(peers, x):
 
 
 def make_step(name, layer, jit):
-    """One `tf.function`: loss = sum(output) and all its gradients (the
-    torch peer: its own eager step)."""
+    """One compiled step (a `tf.function`, or on JAX a `jax.jit`): loss =
+    sum(output) and all its gradients (the torch peer: its own eager step).
+    It returns a scalar that depends on every gradient: fetching it waits
+    for the whole backward pass, also on asynchronous devices."""
     if name == "torch":
         return layer.step
+    ops = keras.ops
+    loss = lambda output: ops.sum(ops.cast(output, "float32"))  # noqa: E731
+    if keras.backend.backend() == "jax":
+        gradients, values = _bench.jax_loss_and_gradients(
+            layer, lambda layer, x: _call(name, layer, x), loss)
+        leaves = _bench.jax.tree_util.tree_leaves
+        step = _bench.jax.jit(lambda values, x: sum(
+            ops.sum(ops.cast(g, "float32"))
+            for g in leaves(gradients(values, x)[1])))
+        return lambda x: step(values, x)
+    tf = _bench.tf
     variables = list(layer.trainable_variables)
 
     @tf.function(jit_compile=jit, reduce_retracing=False)
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            loss = tf.reduce_sum(_call(name, layer, x))
-        gradients = tape.gradient(loss, variables + [x])
-        # A scalar that depends on every gradient: fetching it waits for the
-        # whole backward pass, also on asynchronous devices.
-        return tf.add_n([tf.reduce_sum(g) for g in gradients])
+            value = loss(_call(name, layer, x))
+        gradients = tape.gradient(value, variables + [x])
+        return tf.add_n([tf.reduce_sum(tf.cast(g, "float32"))
+                         for g in gradients])
 
     return step
 
@@ -222,10 +238,8 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
     Each repeat times a few back-to-back calls of every peer (the same count
     for all of them, enough for about `SAMPLE_SECONDS`), so short steps are
     not lost in timer and scheduler noise. A peer whose warm-up raises is
-    reported on stderr and gets `None` instead of a time.
-
-    Returns:
-        A dict peer name -> median ms (or `None`), and the calls per sample.
+    reported on stderr and gets `None` instead of a time. Returns a dict
+    peer name -> median ms (or `None`), and the calls per sample.
     """
     steps = {}
     slowest = 1e-9
@@ -253,11 +267,18 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
                 _wait(step(x))
             elapsed = clock() - start
             times[name].append(1000.0 * elapsed / calls)
-    medians = {name: None for name in peers}
-    medians.update(
-        {name: statistics.median(values) for name, values in times.items()}
-    )
-    return medians, calls
+    return {name: statistics.median(times[name]) if name in times else None
+            for name in peers}, calls
+
+
+def _framework():
+    """The backend's version and its devices, as one phrase."""
+    if keras.backend.backend() == "jax":
+        jax = _bench.jax
+        return f"JAX {jax.__version__} on {jax.devices()[0].device_kind}"
+    tf = _bench.tf
+    return (f"TF {tf.__version__}, GPUs: "
+            f"{len(tf.config.list_physical_devices('GPU'))}")
 
 
 def _torch_version():
@@ -269,9 +290,9 @@ def _torch_version():
 
 
 def _wait(result):
-    """Fetches a step's result (a TensorFlow tensor, or the torch peer's
-    float), so the timing includes the whole backward pass."""
-    return result.numpy() if hasattr(result, "numpy") else result
+    """Fetches a step's result (a tensor, or the torch peer's float), so the
+    timing includes the whole backward pass."""
+    return np.asarray(result)
 
 
 def _repeats_per_length(rows):
@@ -281,12 +302,13 @@ def _repeats_per_length(rows):
     return [(n, r, w) for n, (r, w) in seen.items()]
 
 
-def _format_ms(value):
-    return "failed" if value is None else f"{value:.2f}"
+def _format_ms(value):  # "-": a peer not built here (torch on JAX)
+    return value if isinstance(value, str) else (
+        "failed" if value is None else f"{value:.2f}")
 
 
 def _format_ratio(numerator, denominator):
-    if numerator is None or denominator is None:
+    if not all(isinstance(value, float) for value in (numerator, denominator)):
         return "n/a"
     return f"{numerator / denominator:.3f}"
 
@@ -312,8 +334,10 @@ def format_table(rows, header_lines):
 
 def main(argv=None):
     args = parse_args(argv)
-    _bench.setup_tensorflow(PROG, args.threads)
-    keras.utils.set_random_seed(0)
+    _bench.setup_tensorflow(PROG, args.threads, ("tensorflow", "jax"))
+    # JAX (`_bench.jax`) compiles every step: its rows are "jit on".
+    jit_modes = JIT_MODES["on" if hasattr(_bench, "jax") else args.jit]
+    seed_run(0)
 
     clock = _bench.CLOCKS[args.clock]
     rows = []
@@ -321,13 +345,13 @@ def main(argv=None):
         defaults = SHORT_DEFAULTS if seq_len <= LONG_SEQUENCE else LONG_DEFAULTS
         repeats = args.repeats or defaults["repeats"]
         warmup = args.warmup or defaults["warmup"]
-        x = tf.random.stateless_normal(
-            (args.batch, seq_len, args.width), seed=(1, seq_len)
-        )
+        x = keras.ops.convert_to_tensor(np.random.default_rng(
+            seq_len).standard_normal((args.batch, seq_len, args.width)),
+            "float32")
         for heads in args.heads:
-            peers = build_peers(args, seq_len, heads, x)
-            peers = check_peers_agree(peers, x)
-            for jit in JIT_MODES[args.jit]:
+            peers = check_peers_agree(build_peers(args, seq_len, heads, x),
+                                      x, args.precision)
+            for jit in jit_modes:
                 medians, calls = time_case(peers, x, jit, warmup, repeats,
                                            clock)
                 for implementation in args.implementations:
@@ -335,23 +359,21 @@ def main(argv=None):
                                impl=implementation,
                                ours=medians.get(f"ours-{implementation}"),
                                mha=medians.get("mha"), dpa=medians.get("dpa"),
-                               torch=medians.get("torch"),
+                               torch=medians.get("torch", "-"),
                                repeats=repeats, warmup=warmup)
                     rows.append(row)
                     _bench.note(
                         f"seq_len={seq_len} heads={heads} "
                         f"jit={'on' if jit else 'off'} {implementation}: "
-                        f"ours {_format_ms(row['ours'])} ms, "
-                        f"MHA {_format_ms(row['mha'])} ms, "
-                        f"dpa {_format_ms(row['dpa'])} ms, "
-                        f"torch {_format_ms(row['torch'])} ms "
-                        f"({repeats} repeats of {calls} calls)"
-                    )
+                        + ", ".join(f"{peer} {_format_ms(row[peer.lower()])} "
+                                    "ms" for peer in ("ours", "MHA", "dpa",
+                                                      "torch"))
+                        + f" ({repeats} repeats of {calls} calls)")
 
     header = [
         "Forward+backward step (loss = sum(output); gradients w.r.t. all "
-        "trainable weights and the input), self-attention, float32, no "
-        "dropout.",
+        "trainable weights and the input), self-attention, "
+        f"{args.precision}, no dropout.",
         f"batch {args.batch}, width {args.width}, key_dim {args.key_dim}, "
         f"use_bias={args.use_bias == 'on'} on all peers, "
         f"ours output_dim={args.width}.",
@@ -362,14 +384,11 @@ def main(argv=None):
         "Median of the repeats (each the mean of back-to-back calls lasting "
         f"~{SAMPLE_SECONDS:g} s), peers interleaved, after warm-up calls "
         "(repeats/warm-up per seq_len: "
-        + ", ".join(
-            f"{n}: {r}/{w}" for n, r, w in _repeats_per_length(rows)
-        )
+        + ", ".join(f"{n}: {r}/{w}" for n, r, w in _repeats_per_length(rows))
         + ").",
-        f"TF {tf.__version__}, Keras {keras.__version__}, "
+        f"{_framework()}, Keras {keras.__version__}, "
         f"torch {_torch_version()}, "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"GPUs: {len(tf.config.list_physical_devices('GPU'))}, TF threads "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, TF threads "
         f"{args.threads or 'default'}, clock {args.clock} "
         f"({'process CPU time' if args.clock == 'cpu' else 'elapsed time'}).",
         "",

@@ -1,104 +1,100 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.py on a machine that has JAX (with CUDA) but neither
-# Keras nor a package index: Keras travels as wheels in .whl/ (ignored by
-# git), built here first.
-#
-#   scripts/gpu_check.sh wheels          # here: fill .whl/ (needs pip + index)
-#   scripts/gpu_check.sh run [FLAGS]     # there: install .whl/, run the check
-#   scripts/gpu_check.sh smoke [FLAGS]   # here: the check's CPU smoke mode
-#   scripts/gpu_check.sh collect DIR     # here: DIR's results into
-#                                        # scripts/results/<date>-h200/
-#
-# The GPU call (one command, about 8 minutes), from the checkout that the
-# device call sends (its tracked files, about 1.3 MB, travel; .whl/ only
-# when carried):
-#   1. here:  scripts/gpu_check.sh wheels
-#   2. run:   command   = bash scripts/gpu_check.sh run --out "$OUT"
-#             carry     = [".whl"]
-#             timeout_s = 500
-#      The stages end by --budget-s (default 450 s, so the command ends
-#      near 7.5 minutes); what ran is in $OUT even if the call is stopped.
-#      A rerun of the later stages on the still-warm machine, say:
-#      bash scripts/gpu_check.sh run --out "$OUT" --stages compare,sweep \
-#          --budget-s 200
-#   3. here:  scripts/gpu_check.sh collect <files_at of the reply>
-# $OUT gets gpu_check.json, gpu_check.txt (the tables), gpu_check.log,
-# comparison-default.md, comparison-full.md and sweep.md: six files.
-#
-# What .whl/ holds: the Keras of this checkout's environment and what it
-# needs that the GPU machine lacks (its image has absl-py, h5py, ml-dtypes,
-# numpy, packaging, rich and typing-extensions): namex and optree, built
-# for CPython 3.12 on x86-64 Linux. Measured: keras 3.15.1, namex 0.1.0,
-# optree 0.20.0; 2,897,577 bytes (2.8 MiB).
-set -euo pipefail
+# The project on one GPU on Keras's JAX backend, each stage under `timeout`:
+# the layer's correctness (gpu_check.py layer), bench_layer.py,
+# bench_train.py, `compare --preset default`, every arm of `--preset full`
+# at d_k 1024, `sweep --preset quick` (a grid cut by its limit reports its
+# finished runs). Keras travels as wheels (`gpu_check.sh wheels` fills .whl/).
+#   bash scripts/gpu_check.sh [--out DIR] [--logdir DIR] [--smoke]
+#        [--stages layer,bench_layer,bench_train,compare-default,...]
+# At most about 5.5 minutes on a GPU, so a retry fits a 15-minute lease. DIR
+# gets gpu_check.json, .txt (the tables), .log, comparison-default.md,
+# comparison-full.md and sweep.md.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEELS=.whl
-# Keras's own requirements that the GPU machine's image does not have.
-MISSING=(namex optree)
-
-version_of() {
-    python3 -c "import importlib.metadata as m; print(m.version('$1'))"
-}
-
-case "${1:-}" in
-wheels)
-    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-    specs=("keras==$(version_of keras)")
-    for name in "${MISSING[@]}"; do
-        specs+=("$name==$(version_of "$name")")
-    done
-    python3 -m pip download -q --no-deps --only-binary=:all: \
-        --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --platform manylinux1_x86_64 -d "$WHEELS" "${specs[@]}"
-    ls -l "$WHEELS"
-    du -sh "$WHEELS"
-    ;;
-run)
+if [ "${1:-}" = wheels ]; then  # and what Keras needs that JAX's image lacks
+    rm -rf .whl && python3 -m pip download -q --no-deps --only-binary=:all: \
+        --python-version 3.12 --implementation cp -d .whl \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        $(python3 -c 'import importlib.metadata as m
+print(*(f"{n}=={m.version(n)}" for n in ("keras", "namex", "optree")))')
+    exec du -sh .whl
+fi
+smoke= out=scripts/results/$(date +%F)-gpu-check runs= stages=all
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --smoke) smoke=1 ;;
+    --out | --logdir | --stages) declare "${1#--}=$2"; shift ;;
+    *) echo "gpu_check.sh: error: unknown argument $1" >&2; exit 2 ;;
+    esac
     shift
-    [ -n "$(ls "$WHEELS"/*.whl 2>/dev/null)" ] || {
-        echo "gpu_check.sh: error: no wheels in $WHEELS; run" \
-            "'scripts/gpu_check.sh wheels' where pip can reach an index" >&2
-        exit 2
-    }
-    site="${GPU_CHECK_SITE:-/tmp/site}"
+done
+if [ -z "$smoke" ] && ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile \
-        --no-cache-dir --upgrade --target "$site" "$WHEELS"/*.whl
-    export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    export PYTHONUNBUFFERED=1
-    out=
-    for ((i = 1; i <= $#; i++)); do
-        if [ "${!i}" = --out ]; then j=$((i + 1)); out="${!j}"; fi
-    done
-    if [ -z "$out" ]; then
-        out="scripts/results/$(date +%F)-h200"
-        set -- --out "$out" "$@"
-    fi
-    mkdir -p "$out"
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
-        --format=csv,noheader 2>&1 | tee "$out/gpu_check.log" || true
-    python3 scripts/gpu_check.py "$@" 2>&1 | tee -a "$out/gpu_check.log"
-    exit "${PIPESTATUS[0]}"
-    ;;
-smoke)
-    shift
-    exec python3 scripts/gpu_check.py --smoke "$@"
-    ;;
-collect)
-    from="${2:?gpu_check.sh collect DIR: the directory of the files of the GPU run}"
-    date=$(python3 -c 'import json, sys
-print(json.load(open(sys.argv[1]))["run"]["date"])' "$from/gpu_check.json")
-    to="scripts/results/$date-h200"
-    mkdir -p "$to"
-    for name in gpu_check.json gpu_check.txt gpu_check.log \
-        comparison-default.md comparison-full.md sweep.md; do
-        if [ -f "$from/$name" ]; then cp "$from/$name" "$to/"; fi
-    done
-    ls -l "$to"
-    ;;
-*)
-    sed -n '2,12p' "$0" >&2
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KERAS_BACKEND=jax \
+    PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+if [ -z "$smoke" ] && [ "$(python3 -c 'import jax
+print(jax.default_backend())' 2>/dev/null)" != gpu ]; then
+    echo "gpu_check.sh: error: JAX sees no GPU; --smoke runs on a CPU" >&2
     exit 2
-    ;;
-esac
+fi
+runs=${logdir:-$(mktemp -d -t gpu-check-XXXX)}
+mkdir -p "$out" "$runs" && rm -f "$runs/stages.tsv" || exit 2
+if [ -n "$smoke" ]; then  # every stage's code path, at tiny sizes
+    limit=(300 300 300 300 300 300) layer=(--smoke)
+    bench=(--seq-lens 32 --heads 2 --batch 1 --width 16 --key-dim 8
+           --repeats 1 --warmup 1)
+    # One 10-step window past the warm-up: the trainer logs every 10.
+    train=(--steps 20 --warmup 5 --d-model 16 --key-dim 8
+           --batch-size 8 --matmul-size 64 --diagnostics-every 20)
+    tiny=(--key-dims 8 --seeds 1 --steps 8 --d-model 16 --batch-size 8
+          --heldout-size 32 --probe-size 4 --num-pairs 4 --num-keys 8
+          --num-values 4 --jobs 1)
+    compare=("${tiny[@]}" --train-key-dims all --variance-samples 100)
+    full=("${compare[@]}") sweep=("${tiny[@]}" --optimizers sgd
+                                  --learning-rates 0.1 --init-key-dims none)
+else  # the limits are guesses: no GPU has run this yet
+    limit=(25 50 50 45 35 30) layer=() train=(--steps 200 --warmup 50)
+    # Long sequences in bf16, where the fused path meets cuDNN ("dpa").
+    bench=(--precision mixed_bfloat16 --seq-lens 4096,16384 --heads 16
+           --key-dim 64 --width 1024 --batch 2 --warmup 2 --repeats 3)
+    compare=(--jobs 3) full=(--train-key-dims 1024 --seeds 1 --jobs 4)
+    sweep=(--jobs 4)
+fi
+
+stage() {  # stage NAME LIMIT_S COMMAND...: its output in $runs/NAME.log
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    case ,$stages, in ,all, | *",${name%-report},"*) ;; *) return 0 ;; esac
+    echo "== $name (limit $limit s): $*"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$runs/$name.log"
+    set -- "${PIPESTATUS[0]}"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$1" $((SECONDS - start)) "$limit" \
+        >>"$runs/stages.tsv"
+    return "$1"
+}
+grid() {  # grid NAME LIMIT_S COMMAND PRESET FLAGS...
+    local name=$1 limit=$2
+    set -- python3 -m pipelines "$3" --backend jax --preset "$4" \
+        --logdir "$runs/$name" "${@:5}"
+    stage "$name" "$limit" "$@"
+    case $? in  # cut by its limit: the report of the runs that finished
+    124 | 137) stage "$name-report" 30 "$@" --report-only ;;
+    esac
+}
+{
+    stage layer "${limit[0]}" python3 scripts/gpu_check.py layer \
+        "$runs/layer.json" "${layer[@]}"
+    stage bench_layer "${limit[1]}" python3 scripts/bench_layer.py \
+        --backend jax --implementations explicit,fused,memory_efficient \
+        "${bench[@]}"
+    stage bench_train "${limit[2]}" python3 scripts/bench_train.py \
+        --backend jax --rounds 1 "${train[@]}"
+    grid compare-default "${limit[3]}" compare default "${compare[@]}"
+    grid compare-full "${limit[4]}" compare full "${full[@]}"
+    grid sweep "${limit[5]}" sweep quick "${sweep[@]}"
+    python3 scripts/gpu_check.py summary "$runs" "$out" ${smoke:+--smoke}
+} 2>&1 | tee "$out/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -1,8 +1,9 @@
 """The benchmark scripts as a user runs them: bad flags exit 2 with one error
-line, bench_layer's smallest case prints its table, and gpu_check's smoke run
-is checked against facts of its own: a numpy attention written here, the
-run directories' own files, and a child process in which an import of
-TensorFlow is recorded and refused.
+line, bench_layer's smallest case prints its table, and gpu_check.sh's smoke
+run (bench_layer and bench_train on JAX among its stages) is checked against
+facts of its own: the ratios recomputed from the times it printed, the run
+directories' own files, the presets' arms, and child processes in which an
+import of TensorFlow is recorded and refused.
 
 Each test starts the script in a subprocess (its imports take about 3 s);
 the bad flags run in one process per backend (see `_RUN_EACH`).
@@ -48,9 +49,8 @@ BAD_FLAGS = [
     ("bench_export.py", ["--d-model", "30", "--heads", "4"], "--heads"),
     ("bench_train.py", ["--steps", "40", "--warmup", "40"], "--warmup"),
     ("bench_callback.py", ["--update-freq", "0"], "--update-freq"),
-    ("gpu_check.py", ["--stages", "layer,tpu"], "--stages"),
-    ("gpu_check.py", ["--smoke", "--budget-s", "0"], "--budget-s"),
-    ("gpu_check.py", [], "JAX sees no GPU"),  # this machine has none
+    ("gpu_check.py", ["plan"], "usage: gpu_check.py layer"),
+    ("gpu_check.py", ["layer"], "usage: gpu_check.py layer"),
 ]
 
 
@@ -142,12 +142,11 @@ def test_bench_layer_smallest_case_prints_the_table():
     assert len(notes) == 2
 
 
-
 # --------------------------------------------------------------- gpu_check
-# Every Python process of the check (the check, its layer worker, the
-# keras-attention commands and their workers) starts with this on its path:
-# an import of TensorFlow is written down and refused, even one that the
-# code would survive (the GPU machine has no TensorFlow).
+# Every Python process of the check (its stages, the keras-attention
+# commands and their workers) starts with this on its path: an import of
+# TensorFlow is written down and refused, even one that the code would
+# survive (the GPU machine has no TensorFlow).
 _SITECUSTOMIZE = textwrap.dedent("""
     import importlib.abc
     import os
@@ -165,191 +164,140 @@ _SITECUSTOMIZE = textwrap.dedent("""
 """)
 
 
-def _gpu_check(tmp_path, *argv, timeout=600):
+def _gpu_check(tmp_path, *argv, timeout=900):
+    """`bash scripts/gpu_check.sh --smoke ARGV`: its JSON, the tables, its
+    log, the results folder and the runs folder."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     env = dict(os.environ, TENSORFLOW_IMPORTS=str(tmp_path / "tf.log"),
-               PYTHONPATH=os.pathsep.join(
-                   [str(site), str(SCRIPTS.parent)]
-                   + [p for p in os.environ.get("PYTHONPATH", "").split(
-                       os.pathsep) if p]))
+               PYTHONPATH=str(site))
     env.pop("KERAS_BACKEND", None)
     out, runs = tmp_path / "out", tmp_path / "runs"
     completed = subprocess.run(
-        [sys.executable, str(SCRIPTS / "gpu_check.py"), "--smoke", "--out",
-         str(out), "--logdir", str(runs), *argv],
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--smoke", "--out", str(out),
+         "--logdir", str(runs), *argv],
         capture_output=True, text=True, timeout=timeout, env=env)
     assert completed.returncode == 0, (completed.stdout[-3000:]
                                        + completed.stderr[-3000:])
     tf_log = tmp_path / "tf.log"
     assert not tf_log.exists(), tf_log.read_text()[:2000]
     document = json.loads((out / "gpu_check.json").read_text())
-    # The printed tables are the saved ones.
-    assert (out / "gpu_check.txt").read_text() in completed.stdout
-    return document, out, runs
+    tables = (out / "gpu_check.txt").read_text()
+    log = (out / "gpu_check.log").read_text()
+    # The printed tables are the saved ones, and the log is the output.
+    assert tables in completed.stdout and tables in log
+    return document, tables, out, runs
 
 
-def _attention_reference(x, weights, allowed, cotangent):
-    """Self-attention with Q, K, V and output projections in float64 numpy,
-    and the gradients of sum(output * cotangent) by hand: the output, the
-    input gradient and the kernels' gradients."""
-    wq, wk, wv, wo = (np.asarray(w, np.float64) for w in weights)
-    x = np.asarray(x, np.float64)
-    q, k, v = (np.einsum("btd,dhk->bthk", x, w) for w in (wq, wk, wv))
-    scale = 1.0 / np.sqrt(wq.shape[-1])
-    allowed = allowed[:, None]  # (B, 1, T, S)
-    scores = np.where(allowed, np.einsum("bthk,bshk->bhts", q, k) * scale,
-                      -np.inf)
-    top = np.max(scores, axis=-1, keepdims=True)
-    exp = np.where(allowed, np.exp(scores - np.where(np.isfinite(top), top,
-                                                     0.0)), 0.0)
-    total = exp.sum(-1, keepdims=True)
-    # A row that may attend nowhere outputs zeros.
-    p = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
-    attended = np.einsum("bhts,bshk->bthk", p, v)
-    out = np.einsum("bthk,hko->bto", attended, wo)
-    g = np.asarray(cotangent, np.float64)
-    d_wo = np.einsum("bthk,bto->hko", attended, g)
-    d_attended = np.einsum("bto,hko->bthk", g, wo)
-    d_p = np.einsum("bthk,bshk->bhts", d_attended, v)
-    d_v = np.einsum("bhts,bthk->bshk", p, d_attended)
-    d_scores = p * (d_p - np.sum(d_p * p, axis=-1, keepdims=True))
-    d_q = np.einsum("bhts,bshk->bthk", d_scores, k) * scale
-    d_k = np.einsum("bhts,bthk->bshk", d_scores, q) * scale
-    d_x = sum(np.einsum("bthk,dhk->btd", d, w)
-              for d, w in ((d_q, wq), (d_k, wk), (d_v, wv)))
-    d_w = [np.einsum("btd,bthk->dhk", x, d) for d in (d_q, d_k, d_v)]
-    return [out, d_x, *d_w, d_wo]
+def _stages(document, names):
+    stages = document["stages"]
+    assert [stage["name"] for stage in stages] == names
+    for stage in stages:
+        assert stage["outcome"] == "done" and stage["exit"] == 0, stage
+        assert 0 <= stage["seconds"] <= stage["limit_s"] + 15
 
 
-def test_gpu_check_smoke_layer_and_training(tmp_path):
-    # A budget no stage reaches on a busy machine: every case runs.
-    document, out, runs = _gpu_check(
-        tmp_path, "--stages", "layer,train", "--budget-s", "3000",
-        "--arrays", str(tmp_path / "cases.npz"))
-    layer = document["stages"]["layer"]
-    assert layer["status"] == "done" and layer["tensorflow_modules"] == []
+def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
+    document, tables, out, runs = _gpu_check(
+        tmp_path, "--stages", "layer,bench_layer,bench_train")
+    _stages(document, ["layer", "bench_layer", "bench_train"])
 
-    # Correctness: every path, dtype and mask, against numpy here.
-    rows = layer["correctness"]
-    paths = ("explicit", "explicit_weights", "fused", "memory_efficient")
-    assert {(r["path"], r["dtype"], r["mask"]) for r in rows} == {
-        (p, d, m) for p in paths for d in ("float32", "bfloat16")
-        for m in ("padding", "causal")}
-    cases = np.load(tmp_path / "cases.npz")
-    x, cotangent, valid = cases["x"], cases["cotangent"], cases["valid"]
-    length = x.shape[1]
-    assert length % 512 != 0  # ragged memory-efficient blocks
-    allowed = {
-        "padding": valid[:, :, None] & valid[:, None, :],
-        "causal": np.broadcast_to(np.tril(np.ones((length, length), bool)),
-                                  (x.shape[0], length, length)),
-    }
-    for mask, mask_allowed in allowed.items():
-        names = [str(cases[f"{mask}/weight_name/{i}"]) for i in range(4)]
-        assert names == ["query_kernel", "key_kernel", "value_kernel",
-                         "output_kernel"]
-        want = _attention_reference(
-            x, [cases[f"{mask}/weight/{i}"] for i in range(4)], mask_allowed,
-            cotangent)
-        for row in (r for r in rows if r["mask"] == mask):
-            got = [cases[f"{row['path']}/{row['dtype']}/{mask}/{i}"]
-                   for i in range(6)]
-            error = max(np.max(np.abs(g - w)) / np.max(np.abs(w))
-                        for g, w in zip(got, want))
-            assert error <= row["tolerance"], (row, error)
-            assert row["ok"]
-    # The padded query rows output zeros on every path.
-    for row in (r for r in rows if r["mask"] == "padding"):
-        output = cases[f"{row['path']}/{row['dtype']}/padding/0"]
-        assert np.all(output[~valid] == 0.0), row
+    # The layer: every path, policy and mask against float32 explicit.
+    layer = document["layer"]
+    paths = ("explicit", "fused", "memory_efficient", "explicit_weights")
+    cases = layer["cases"]
+    assert sorted((c["path"], c["dtype"], c["mask"]) for c in cases) == sorted(
+        (p, d, m) for p in paths for d in ("float32", "mixed_bfloat16")
+        for m in ("padding", "causal"))
+    assert layer["seq_len"] % 512 != 0  # ragged memory-efficient blocks
+    for case in cases:
+        assert case["ok"] and np.isfinite(case["error"]), case
+        if case["dtype"] == "float32":
+            assert case["error"] < 1e-5, case
+        else:  # bf16 really ran: its rounding shows, within the tolerance
+            assert 1e-4 < case["error"] <= case["tolerance"], case
+    assert "layer at T" in tables and " FAIL" not in tables
 
-    # Speed: every peer timed at the smoke length; FLOPs counted here.
-    sizes = layer["sizes"]
-    speed = layer["speed"]
-    assert [c["peer"] for c in speed] == [
-        "native", "ours_explicit", "ours_fused", "ours_memory_efficient",
-        "mha"] * len(sizes["seq_lens"])
-    width = sizes["heads"] * sizes["key_dim"]
-    for case in speed:
-        b, t = case["batch"], case["seq_len"]
-        flops = 3 * (8 * b * t * width**2
-                     + 4 * b * sizes["heads"] * t * t * sizes["key_dim"])
-        assert case["flops"] == flops
-        assert case["tflops"] == pytest.approx(flops / case["ms"] / 1e9)
-        assert case["peak_fraction"] == pytest.approx(
-            case["tflops"] / layer["peak"]["tflops"])
-    native = [c for c in speed if c["peer"] == "native"]
-    assert all(c["implementation"] == "xla" for c in native)  # on a CPU
+    # bench_layer on JAX: every implementation timed; the ratios are the
+    # times' (to the printed 2 decimals).
+    rows = document["bench_layer"]
+    assert [(r["impl"], r["jit"]) for r in rows] == [
+        ("explicit", "on"), ("fused", "on"), ("memory_efficient", "on")]
+    for row in rows:
+        for peer in ("ours", "MHA", "dpa"):
+            assert np.isfinite(row[f"{peer} ms"]) and row[f"{peer} ms"] > 0
+        assert row["torch ms"] is None  # no torch peer on JAX
+        for peer in ("MHA", "dpa"):
+            assert row[f"ours/{peer}"] == pytest.approx(
+                row["ours ms"] / row[f"{peer} ms"], rel=0.05, abs=0.01)
+    assert "seq_len  heads  jit" in tables
 
-    # Training: each figure from the run directory's own files.
-    train = document["stages"]["train"]
-    assert train["status"] == "done"
-    assert train["peak_tflops"] == layer["peak"]["tflops"]
-    assert [run["name"] for run in train["runs"]] == ["recall-default",
-                                                     "recall-large"]
-    for run in train["runs"]:
-        run_dir = runs / f"train-{run['name']}"
-        metrics = json.loads((run_dir / "metrics.json").read_text())
-        config = json.loads((run_dir / "config.json").read_text())
-        assert metrics["backend"] == "jax"
-        seq_len = config["num_pairs"] + 1  # recall: the pairs and the query
-        tokens = (metrics["steps"] - 1) * config["batch_size"] * seq_len
-        seconds = metrics["train_time_s"] - metrics["first_step_time_s"]
-        assert run["tokens_counted"] == tokens
-        assert run["tokens_per_s"] == pytest.approx(tokens / seconds)
-        assert run["tokens_per_s"] == pytest.approx(
-            metrics["steps_per_s"] * config["batch_size"] * seq_len)
-        assert run["mfu"] == pytest.approx(
-            run["model_tflops"] / train["peak_tflops"])
-        steady = seconds / (metrics["steps"] - 1)
-        assert run["compile_s"] == pytest.approx(
-            metrics["first_step_time_s"] - steady)
-        # Diagnostics run at step 0 and at the last step (the interval,
-        # 250, is past 8 steps); they are within the time not training.
-        diagnostics = run["diagnostics"]
-        assert metrics["steps"] == 8 and diagnostics["calls"] == 2
-        assert 0 < diagnostics["seconds"] <= (metrics["wall_time_s"]
-                                              - metrics["train_time_s"])
-        assert diagnostics["share_of_wall"] == pytest.approx(
-            diagnostics["seconds"] / metrics["wall_time_s"])
-    assert train["runs"][1]["precision"] == "mixed_bfloat16"
+    # bench_train on JAX: its closing figures agree with each other.
+    train = document["bench_train"]
+    tokens = {name: max(values) for name, values in
+              train["tokens_per_s"].items()}
+    assert set(tokens) == {"ours", "ours + diagnostics",
+                           "ours, in-memory data", "plain fit (MHA)"}
+    assert all(np.isfinite(v) and v > 0 for v in tokens.values())
+    assert train["ours_vs_plain"] == pytest.approx(
+        tokens["ours"] / tokens["plain fit (MHA)"])
+    assert 0 < train["diagnostics_overhead"] < 1
+    assert train["diagnostics_call_s"] and all(
+        s > 0 for s in train["diagnostics_call_s"])
+    for title in ("trainer", "diagnostics (every 20 steps)",
+                  "input pipeline (ours)", "goal ours/plain"):
+        assert title in tables
+    # No grid ran: none reports.
+    assert all(grid == dict(runs_finished=0, report=None, verdicts=[])
+               for grid in document["grids"].values())
+    assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log",
+                                       "gpu_check.txt"]
+
+
+def test_gpu_check_refuses_a_bad_argument_and_a_cpu(tmp_path):
+    for argv, expected in ((["--budget-s", "1"], "unknown argument"),
+                           (["--out", str(tmp_path / "out")],
+                            "JAX sees no GPU")):  # this machine has none
+        completed = subprocess.run(
+            ["bash", str(SCRIPTS / "gpu_check.sh"), *argv],
+            capture_output=True, text=True, timeout=120)
+        own = _own_lines(completed, "gpu_check.sh")
+        assert completed.returncode == 2, completed.stderr[-2000:]
+        assert len(own) == 1 and expected in own[0], own
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
 def test_gpu_check_smoke_whole_command(tmp_path):
-    document, out, runs = _gpu_check(tmp_path, "--budget-s", "3000",
-                                     timeout=3000)
-    stages = document["stages"]
-    assert [stages[name]["status"] for name in
-            ("layer", "train", "compare", "sweep")] == ["done"] * 4
-    compare, sweep = stages["compare"], stages["sweep"]
-    for stage, part, report in ((compare, "default", "comparison-default.md"),
-                                (compare, "full", "comparison-full.md"),
-                                (sweep, "full", "sweep.md")):
-        record = stage[part]
-        logdir = pathlib.Path(record["argv"][record["argv"].index(
-            "--logdir") + 1])
-        finished = sorted(path.parent.name
-                          for path in logdir.glob("*/metrics.json"))
-        assert record["outcome"] == "done"
-        assert record["runs_done"] == record["runs_planned"] == len(finished)
-        assert sorted(run["name"] for run in record["runs"]) == finished
-        source = logdir / ("sweep.md" if stage is sweep else "comparison.md")
-        assert (out / report).read_text() == source.read_text()
-    assert [line.split(" (")[0] for line in compare["default"]["verdicts"]] \
-        == ["Claim 1", "Claim 2", "Claim 3"]
-    assert sweep["full"]["verdicts"]
-    assert all(re.match(r"^\w+, d_k 8: ", line)
-               for line in sweep["full"]["verdicts"])
-    # The chosen grids are the largest predicted to fit the time left.
-    for record in (compare["full"], sweep["full"]):
-        fitting = [row["grid"] for row in record["predictions"]
-                   if row["predicted_s"] <= 0.9 * record["available_s"]]
-        assert record["grid"] == fitting[-1]
-        assert record["predicted_s"] == next(
-            row["predicted_s"] for row in record["predictions"]
-            if row["grid"] == record["grid"])
-    assert compare["parallel"]["jobs"] in (1, 2)
-    assert sweep["full"]["jobs"] == compare["parallel"]["jobs"]
+    from pipelines.engine.presets import COMPARE_PRESETS
+
+    document, tables, out, runs = _gpu_check(tmp_path, timeout=3000)
+    _stages(document, ["layer", "bench_layer", "bench_train",
+                       "compare-default", "compare-full", "sweep"])
+    # One seed at d_k 8: the default preset's arms, every arm of the full
+    # preset (its own list, read from the presets), one sweep rate.
+    expected = {"compare-default": len(COMPARE_PRESETS["default"].arms),
+                "compare-full": len(COMPARE_PRESETS["full"].arms),
+                "sweep": 2}
+    for name, report, copied in (
+            ("compare-default", "comparison.md", "comparison-default.md"),
+            ("compare-full", "comparison.md", "comparison-full.md"),
+            ("sweep", "sweep.md", "sweep.md")):
+        grid = document["grids"][name]
+        finished = list((runs / name).glob("*/metrics.json"))
+        assert grid["runs_finished"] == len(finished) == expected[name]
+        assert grid["report"] == copied
+        assert (out / copied).read_text() == (runs / name / report
+                                              ).read_text()
+    for name in ("compare-default", "compare-full"):
+        assert [line.split(" (")[0] for line in
+                document["grids"][name]["verdicts"]] == [
+            "Claim 1", "Claim 2", "Claim 3"]
+    verdicts = document["grids"]["sweep"]["verdicts"]
+    assert verdicts and all(re.match(r"^\w+, d_k 8: ", line)
+                            for line in verdicts)
+    arms = {path.parent.name.split("-dk")[0]
+            for path in (runs / "compare-full").glob("*/metrics.json")}
+    assert arms == set(COMPARE_PRESETS["full"].arms)
+    assert "compare-full: Claim 1" in tables
