@@ -1,6 +1,10 @@
 """Fixtures shared by the test modules."""
 
+import contextlib
+import io
+import json
 import os
+from typing import NamedTuple
 
 # As the command line does before it imports Keras: importing Keras imports
 # JAX when it is installed, which sets TF_CPP_MIN_LOG_LEVEL=1 when unset, and
@@ -12,6 +16,7 @@ import pytest  # noqa: E402
 
 from _backends import MARKED_MODULES  # noqa: E402
 from _backends import OTHER_BACKENDS  # noqa: E402
+from pipelines import cli  # noqa: E402
 from pipelines.settings import Layer  # noqa: E402
 from pipelines.settings import resolve_config  # noqa: E402
 
@@ -37,6 +42,61 @@ def tiny_config():
     """`tiny_config(task="recall", **settings)`: a resolved config of a tiny
     run (see `make_tiny_config`)."""
     return make_tiny_config
+
+
+# --------------------------------------------------- the tiny comparison
+# One comparison serves tests/test_compare.py and tests/test_compare_figures.py
+# (both in xdist group "compare", so one worker builds it once): scaled vs
+# unscaled, d_k 4 measured at init only and 16 trained, 2 seeds of 20
+# steps. Held-out evaluation every 5 steps gives the curves points between
+# the diagnostics (every 10); a checkpoint every 10 steps.
+TINY_COMPARISON_FLAGS = (
+    "--arms", "scaled,unscaled",
+    "--key-dims", "4,16",
+    "--train-key-dims", "16",
+    "--seeds", "2",
+    "--steps", "20",
+    "--d-model", "16",
+    "--num-pairs", "4",
+    "--num-keys", "8",
+    "--num-values", "4",
+    "--eval-every", "5",
+    "--diagnostics-every", "10",
+    "--checkpoint-every", "10",
+    "--heldout-size", "64",
+    "--probe-size", "8",
+    "--variance-samples", "2000",
+    "--jit-compile", "off",  # compiling would cost more than 20 steps
+)
+
+
+class TinyComparison(NamedTuple):
+    """What `tiny_comparison` made: its log directory (read only: a test
+    that writes there works on a copy), the command's stdout, the
+    comparison.json document and the flags it was made with (a list, for
+    a test to run the command again)."""
+
+    logdir: str
+    stdout: str
+    document: dict
+    flags: list
+
+
+@pytest.fixture(scope="session")
+def tiny_comparison(tmp_path_factory):
+    """Runs `keras-attention compare` with `TINY_COMPARISON_FLAGS` once per
+    test run; a `TinyComparison`."""
+    logdir = str(tmp_path_factory.mktemp("compare") / "runs")
+    # capsys is function-scoped; a session fixture captures by hand.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(["compare", *TINY_COMPARISON_FLAGS,
+                           "--logdir", logdir])
+    assert status == 0
+    with open(os.path.join(logdir, "comparison.json")) as handle:
+        document = json.load(handle)
+    return TinyComparison(logdir, out.getvalue(), document,
+                          list(TINY_COMPARISON_FLAGS))
 
 
 # ------------------------------------------------- the other backends' runs

@@ -1,9 +1,11 @@
 """Tests of `keras-attention compare` on a tiny configuration.
 
-One comparison (scaled vs unscaled, d_k 4 measured at init only, d_k 16
-trained, one seed, 20 steps) is run once per module; the tests read what it
-wrote: the JSON, the report, the event files, the heat maps, and what
-TensorBoard itself serves from that log directory.
+The tiny comparison of tests/conftest.py (`tiny_comparison`: scaled vs
+unscaled, d_k 4 measured at init only, d_k 16 trained, two seeds, 20 steps)
+is run once per test run; the tests read what it wrote: the JSON, the
+report, the event files, the heat maps, and what TensorBoard itself serves
+from that log directory. A test that runs the command on it again works on
+a copy.
 """
 
 import contextlib
@@ -37,26 +39,13 @@ from pipelines.tensorboard import read_event_scalars
 ARMS = ("scaled", "unscaled")
 TRAINED_KEY_DIM = 16
 INIT_ONLY_KEY_DIM = 4
+SEEDS = (0, 1)
 STEPS = 20
 
-TINY_FLAGS = [
-    "--arms", ",".join(ARMS),
-    "--key-dims", f"{INIT_ONLY_KEY_DIM},{TRAINED_KEY_DIM}",
-    "--train-key-dims", str(TRAINED_KEY_DIM),
-    "--seeds", "1",
-    "--steps", str(STEPS),
-    "--d-model", "16",
-    "--num-pairs", "4",
-    "--num-keys", "8",
-    "--num-values", "4",
-    "--eval-every", "10",
-    "--diagnostics-every", "10",
-    "--checkpoint-every", "10",
-    "--heldout-size", "64",
-    "--probe-size", "8",
-    "--variance-samples", "2000",
-    "--jit-compile", "off",  # compiling would cost more than 20 steps
-]
+# With tests/test_compare_figures.py, on the worker that builds the shared
+# comparison once.
+pytestmark = pytest.mark.xdist_group("compare")
+
 
 def _run_cli(argv, capsys):
     status = cli.main(argv)
@@ -64,18 +53,16 @@ def _run_cli(argv, capsys):
     return status, captured.out, captured.err
 
 
-@pytest.fixture(scope="module")
-def comparison(tmp_path_factory):
-    """Runs the tiny comparison once; returns (logdir, stdout, document)."""
-    logdir = str(tmp_path_factory.mktemp("compare") / "runs")
-    # capsys is function-scoped; a module fixture captures by hand.
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli.main(["compare", *TINY_FLAGS, "--logdir", logdir])
-    assert status == 0
-    with open(os.path.join(logdir, "comparison.json")) as handle:
-        document = json.load(handle)
-    return logdir, out.getvalue(), document
+def _run_name(arm, seed, key_dim=TRAINED_KEY_DIM):
+    return f"{arm}-dk{key_dim}-seed{seed}"
+
+
+def _copy(tiny_comparison, tmp_path):
+    """A copy of the shared comparison's log directory, for a test that
+    writes there."""
+    copy = str(tmp_path / "runs")
+    shutil.copytree(tiny_comparison.logdir, copy)
+    return copy
 
 
 def _report_table(report, key_dim, trained=True):
@@ -103,12 +90,21 @@ def _close_to_cell(cell, value):
     return abs(float(cell) - value) <= 0.5 * 10 ** (-digits) + 1e-12
 
 
-def test_writes_every_output_with_the_schema(comparison):
-    logdir, stdout, document = comparison
+def _close_to_mean_sd_cell(cell, values):
+    """Whether a report cell `mean ± sd` shows the mean and the sample
+    standard deviation (n - 1) of `values`, computed here with NumPy."""
+    mean, sd = cell.split(" ± ")
+    values = np.asarray(values, dtype=np.float64)
+    return (_close_to_cell(mean, values.mean())
+            and _close_to_cell(sd, values.std(ddof=1)))
+
+
+def test_writes_every_output_with_the_schema(tiny_comparison):
+    logdir, stdout, document, _ = tiny_comparison
     assert document["task"] == "recall"
     runs = document["runs"]
     assert sorted((r["arm"], r["key_dim"], r["seed"]) for r in runs) == [
-        (arm, TRAINED_KEY_DIM, 0) for arm in sorted(ARMS)
+        (arm, TRAINED_KEY_DIM, seed) for arm in sorted(ARMS) for seed in SEEDS
     ]
     for record in runs:
         assert 0.0 <= record["final_accuracy"] <= 1.0
@@ -118,16 +114,16 @@ def test_writes_every_output_with_the_schema(comparison):
         assert set(record["init"]) == set(SUMMARY_KEYS)
         assert set(record["final"]) == set(SUMMARY_KEYS)
         assert all(math.isfinite(v) for v in record["init"].values())
-        run_dir = os.path.join(
-            logdir, f"{record['arm']}-dk{TRAINED_KEY_DIM}-seed0"
-        )
+        run_dir = os.path.join(logdir,
+                               _run_name(record["arm"], record["seed"]))
         for name in ("config.json", "metrics.json", "model.keras"):
             assert os.path.exists(os.path.join(run_dir, name)), name
         for name in ("checkpoints", "train", "validation"):
             assert os.path.isdir(os.path.join(run_dir, name)), name
     assert sorted(
-        (r["arm"], r["key_dim"]) for r in document["init_only"]
-    ) == [(arm, INIT_ONLY_KEY_DIM) for arm in sorted(ARMS)]
+        (r["arm"], r["key_dim"], r["seed"]) for r in document["init_only"]
+    ) == [(arm, INIT_ONLY_KEY_DIM, seed)
+          for arm in sorted(ARMS) for seed in SEEDS]
     assert [row["key_dim"] for row in document["variance"]] == [
         INIT_ONLY_KEY_DIM, TRAINED_KEY_DIM
     ]
@@ -139,8 +135,12 @@ def test_writes_every_output_with_the_schema(comparison):
         assert set(table["init: score std"]) == set(ARMS)
     for claim in ("Claim 1.", "Claim 2.", "Claim 3."):
         assert f"**{claim}" in report
-    # Heat maps: init and final per arm at the largest key_dim, linked.
-    assert len(document["heatmaps"]) == 2 * len(ARMS)
+    # Heat maps: init and final per arm at the largest key_dim, of the
+    # first seed, linked.
+    assert sorted((item["arm"], item["key_dim"], item["seed"], item["stage"])
+                  for item in document["heatmaps"]) == [
+        (arm, TRAINED_KEY_DIM, 0, stage)
+        for arm in sorted(ARMS) for stage in ("final", "init")]
     for item in document["heatmaps"]:
         path = os.path.join(logdir, item["path"])
         with open(path, "rb") as handle:
@@ -152,14 +152,23 @@ def test_writes_every_output_with_the_schema(comparison):
 
 
 def test_prints_each_verdict_with_its_claim_and_the_deciding_figure(
-        comparison):
-    _, stdout, document = comparison
+        tiny_comparison):
+    _, stdout, document, _ = tiny_comparison
     verdicts = [line for line in stdout.splitlines()
                 if line.startswith("Claim ")]
     claims = document["claims"]
     ratio = claims["1"]["score_std_ratios"][-1]
     entropy = claims["2"]["entropy"][-1]
     gap = claims["3"]["by_key_dim"][-1]
+    # Claim 3's figure is the mean over the seeds of each seed's scaled
+    # minus unscaled final accuracy, recomputed here from the runs.
+    accuracy = {(r["arm"], r["seed"]): r["final_accuracy"]
+                for r in document["runs"]}
+    differences = [accuracy["scaled", seed] - accuracy["unscaled", seed]
+                   for seed in SEEDS]
+    assert gap["seeds"] == list(SEEDS)
+    assert gap["accuracy_difference"] == pytest.approx(differences,
+                                                       abs=1e-12)
     words = {True: "holds", False: "not supported"}
     assert verdicts == [
         f"Claim 1 (Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it "
@@ -173,24 +182,25 @@ def test_prints_each_verdict_with_its_claim_and_the_deciding_figure(
         f"Claim 3 (In saturation gradients vanish and learning stalls): "
         f"{words[claims['3']['holds']]}: at d_k {TRAINED_KEY_DIM}, scaled "
         f"minus unscaled final accuracy "
-        f"{gap['accuracy_difference'][0]:+.2f}; target 0.9 reached on "
-        f"{gap['scaled_reached']}/1 scaled, {gap['unscaled_reached']}/1 "
+        f"{np.mean(differences):+.2f}; target 0.9 reached on "
+        f"{gap['scaled_reached']}/2 scaled, {gap['unscaled_reached']}/2 "
         "unscaled seeds",
     ]
 
 
-def test_output_to_a_file_has_no_control_characters(comparison):
-    _, stdout, _ = comparison
+def test_output_to_a_file_has_no_control_characters(tiny_comparison):
+    stdout = tiny_comparison.stdout
     assert "building and compiling" in stdout
     assert not set(stdout) & {"\r", "\x1b", "\x08"}
 
 
-def test_tensorboard_lists_each_run_as_train_and_validation(comparison):
-    logdir, _, _ = comparison
+def test_tensorboard_lists_each_run_as_train_and_validation(
+        tiny_comparison):
+    logdir = tiny_comparison.logdir
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
     multiplexer.AddRunsFromDirectory(logdir)
-    runs = {f"{arm}-dk{TRAINED_KEY_DIM}-seed0/{part}"
-            for arm in ARMS for part in ("train", "validation")}
+    runs = {f"{_run_name(arm, seed)}/{part}" for arm in ARMS
+            for seed in SEEDS for part in ("train", "validation")}
     # The comparison's own: its HParams experiment, the claims over d_k
     # and the arms' curves.
     assert set(multiplexer.Runs()) == runs | {"experiment", "claims",
@@ -198,15 +208,13 @@ def test_tensorboard_lists_each_run_as_train_and_validation(comparison):
 
 
 def test_a_run_of_the_earlier_layout_is_refused_in_one_line(
-        comparison, tmp_path, capsys):
-    logdir, _, _ = comparison
-    copy = str(tmp_path / "runs")
-    shutil.copytree(logdir, copy)
-    run_dir = os.path.join(copy, f"scaled-dk{TRAINED_KEY_DIM}-seed0")
+        tiny_comparison, tmp_path, capsys):
+    copy = _copy(tiny_comparison, tmp_path)
+    run_dir = os.path.join(copy, _run_name("scaled", 0))
     os.rename(os.path.join(run_dir, "validation"),
               os.path.join(run_dir, "eval"))
-    status, out, err = _run_cli(["compare", *TINY_FLAGS, "--logdir", copy],
-                                capsys)
+    status, out, err = _run_cli(
+        ["compare", *tiny_comparison.flags, "--logdir", copy], capsys)
     assert status == 2
     assert err.strip() == (
         f"keras-attention compare: error: --logdir {run_dir} holds a run of "
@@ -214,28 +222,36 @@ def test_a_run_of_the_earlier_layout_is_refused_in_one_line(
         "validation/); use a new --logdir")
 
 
-def test_report_numbers_equal_event_files_and_json(comparison):
-    logdir, _, document = comparison
+def test_report_numbers_equal_event_files_and_json(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     report = open(os.path.join(logdir, "comparison.md")).read()
     table = _report_table(report, TRAINED_KEY_DIM)
+    labels = (("score std", "score_std"),
+              ("entropy / log(keys)", "entropy_normalized"),
+              ("max weight", "max_weight"))
+    # Each run's record holds its own event files' numbers ...
+    from_events = {}  # {(arm, row label): [each seed's value]}
+    assert sorted((r["arm"], r["seed"]) for r in document["runs"]) == [
+        (arm, seed) for arm in sorted(ARMS) for seed in SEEDS]
     for record in document["runs"]:
         arm = record["arm"]
-        run_dir = os.path.join(logdir, f"{arm}-dk{TRAINED_KEY_DIM}-seed0")
+        run_dir = os.path.join(logdir, _run_name(arm, record["seed"]))
         events = read_event_scalars(os.path.join(run_dir, "validation"))
         final_step = max(events["accuracy"])
         assert final_step == STEPS
         accuracy = events["accuracy"][final_step]
         assert record["final_accuracy"] == pytest.approx(accuracy, abs=1e-6)
-        assert _close_to_cell(table["final held-out accuracy"][arm], accuracy)
-        for label, key in (("score std", "score_std"),
-                           ("entropy / log(keys)", "entropy_normalized"),
-                           ("max weight", "max_weight")):
+        from_events.setdefault((arm, "final held-out accuracy"),
+                               []).append(accuracy)
+        for label, key in labels:
             initial = events[f"attention/mean/{key}"][0]
             final = events[f"attention/mean/{key}"][STEPS]
             assert record["init"][key] == pytest.approx(initial, rel=1e-5)
             assert record["final"][key] == pytest.approx(final, rel=1e-5)
-            assert _close_to_cell(table[f"init: {label}"][arm], initial)
-            assert _close_to_cell(table[f"final: {label}"][arm], final)
+            from_events.setdefault((arm, f"init: {label}"),
+                                   []).append(initial)
+            from_events.setdefault((arm, f"final: {label}"),
+                                   []).append(final)
         # The per-run HParams metrics, beside them, hold the same numbers.
         hparams_metrics = events
         assert hparams_metrics["final_accuracy"][STEPS] == pytest.approx(
@@ -244,56 +260,70 @@ def test_report_numbers_equal_event_files_and_json(comparison):
         assert hparams_metrics["init_score_std"][STEPS] == pytest.approx(
             record["init"]["score_std"], rel=1e-5
         )
-    # Claim 1's ratio in the JSON and the report is the runs' ratio.
-    by_arm = {r["arm"]: r for r in document["runs"]}
-    ratio = (by_arm["unscaled"]["init"]["score_std"]
-             / by_arm["scaled"]["init"]["score_std"])
+    # ... and the report's cells are their mean ± sd over the seeds.
+    for (arm, label), values in from_events.items():
+        assert len(values) == len(SEEDS)
+        assert _close_to_mean_sd_cell(table[label][arm], values), (
+            arm, label, table[label][arm], values)
+    # Claim 1's ratio in the JSON and the report is the ratio of the runs'
+    # means over the seeds.
+    init_std = {
+        arm: np.mean([r["init"]["score_std"] for r in document["runs"]
+                      if r["arm"] == arm])
+        for arm in ARMS
+    }
+    ratio = init_std["unscaled"] / init_std["scaled"]
     (claim_row,) = [
         row for row in document["claims"]["1"]["score_std_ratios"]
         if row["key_dim"] == TRAINED_KEY_DIM
     ]
     assert claim_row["ratio"] == pytest.approx(ratio, rel=1e-9)
     assert (
-        f"| {TRAINED_KEY_DIM} | {by_arm['scaled']['init']['score_std']:.3f} "
-        f"| {by_arm['unscaled']['init']['score_std']:.3f} | {ratio:.3f} |"
+        f"| {TRAINED_KEY_DIM} | {init_std['scaled']:.3f} "
+        f"| {init_std['unscaled']:.3f} | {ratio:.3f} |"
     ) in report
 
 
-def test_arms_share_initial_weights_up_to_the_scale(comparison):
-    logdir, _, document = comparison
+def test_arms_share_initial_weights_up_to_the_scale(tiny_comparison):
+    document = tiny_comparison.document
     # Identical weights: the unscaled scores are the scaled ones times
-    # sqrt(d_k), exactly, so their std ratio is sqrt(d_k) at every d_k.
+    # sqrt(d_k), exactly, so their std ratio is sqrt(d_k) at every d_k and
+    # seed.
     for key_dim in (INIT_ONLY_KEY_DIM, TRAINED_KEY_DIM):
         std = {
-            record["arm"]: record["init"]["score_std"]
+            (record["arm"], record["seed"]): record["init"]["score_std"]
             for record in document["runs"] + document["init_only"]
             if record["key_dim"] == key_dim
         }
-        assert std["unscaled"] / std["scaled"] == pytest.approx(
-            math.sqrt(key_dim), rel=1e-4
-        )
+        assert sorted(std) == [(arm, seed) for arm in sorted(ARMS)
+                               for seed in SEEDS]
+        for seed in SEEDS:
+            assert std["unscaled", seed] / std["scaled", seed] == \
+                pytest.approx(math.sqrt(key_dim), rel=1e-4), (key_dim, seed)
+    # Each seed draws its own weights.
+    assert std["scaled", 0] != std["scaled", 1]
 
 
-def test_init_only_probe_reproduces_the_runs_initial_state(comparison):
-    logdir, _, document = comparison
+def test_init_only_probe_reproduces_the_runs_initial_state(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     config = TrainConfig.from_dict(
         json.load(open(os.path.join(
-            logdir, f"unscaled-dk{TRAINED_KEY_DIM}-seed0", "config.json"
+            logdir, _run_name("unscaled", 0), "config.json"
         )))
     )
     diagnostics = compare.probe_at_init(config)
-    (record,) = [r for r in document["runs"] if r["arm"] == "unscaled"]
+    (record,) = [r for r in document["runs"]
+                 if r["arm"] == "unscaled" and r["seed"] == 0]
     for key in SUMMARY_KEYS:
         assert diagnostics["summary"][key] == pytest.approx(
             record["init"][key], rel=1e-4, abs=1e-7
         ), key
 
 
-def test_probe_precision_is_the_runs_and_sets_up_nothing(comparison):
+def test_probe_precision_is_the_runs_and_sets_up_nothing(tiny_comparison):
     # The second code path: the precision the run's devices resolve.
-    logdir, _, _ = comparison
     config = TrainConfig.from_dict(json.load(open(os.path.join(
-        logdir, f"scaled-dk{TRAINED_KEY_DIM}-seed0", "config.json"))))
+        tiny_comparison.logdir, _run_name("scaled", 0), "config.json"))))
     distribution = keras.distribution.distribution()
     for precision in ("auto", "float32", "mixed_bfloat16"):
         wanted = config.replace(precision=precision)
@@ -304,37 +334,45 @@ def test_probe_precision_is_the_runs_and_sets_up_nothing(comparison):
     assert keras.distribution.distribution() is distribution
 
 
-def test_rerun_skips_complete_runs_and_resumes_missing_ones(comparison):
-    logdir, _, _ = comparison
+def test_rerun_skips_complete_runs_and_resumes_missing_ones(
+        tiny_comparison, tmp_path):
     # A copy, so the other tests keep reading the original.
-    copy = logdir + "-resumed"
-    shutil.copytree(logdir, copy)
-    finished = os.path.join(copy, f"scaled-dk{TRAINED_KEY_DIM}-seed0")
-    stamp = os.path.getmtime(os.path.join(finished, "metrics.json"))
-    missing = f"unscaled-dk{TRAINED_KEY_DIM}-seed0"
+    copy = _copy(tiny_comparison, tmp_path)
+    missing = _run_name("unscaled", 1)
+    finished = [os.path.join(copy, _run_name(arm, seed))
+                for arm in ARMS for seed in SEEDS
+                if _run_name(arm, seed) != missing]
+    stamps = [os.path.getmtime(os.path.join(run_dir, "metrics.json"))
+              for run_dir in finished]
     shutil.rmtree(os.path.join(copy, missing))  # as if interrupted
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cli.main(["compare", *TINY_FLAGS, "--logdir", copy]) == 0
+        assert cli.main(["compare", *tiny_comparison.flags,
+                         "--logdir", copy]) == 0
     document = json.load(open(os.path.join(copy, "comparison.json")))
     assert document["trained_now"] == [missing]
-    assert "1 of 2 runs already complete; skipped" in out.getvalue()
-    assert os.path.getmtime(os.path.join(finished, "metrics.json")) == stamp
+    assert "3 of 4 runs already complete; skipped" in out.getvalue()
+    assert [os.path.getmtime(os.path.join(run_dir, "metrics.json"))
+            for run_dir in finished] == stamps
     # Same seed, same data, same weights: the retrained run repeats itself.
-    original = json.load(open(os.path.join(logdir, "comparison.json")))
-    before = {r["arm"]: r["final_accuracy"] for r in original["runs"]}
-    after = {r["arm"]: r["final_accuracy"] for r in document["runs"]}
+    def accuracy(doc):
+        return {(r["arm"], r["seed"]): r["final_accuracy"]
+                for r in doc["runs"]}
+    before = accuracy(tiny_comparison.document)
+    after = accuracy(document)
+    assert sorted(after) == sorted(before)
     assert after == pytest.approx(before, abs=1e-6)
 
 
-def test_run_directory_with_another_config_is_refused(comparison, capsys):
-    logdir, _, _ = comparison
-    flags = list(TINY_FLAGS)
+def test_run_directory_with_another_config_is_refused(
+        tiny_comparison, tmp_path, capsys):
+    copy = _copy(tiny_comparison, tmp_path)
+    flags = list(tiny_comparison.flags)
     flags[flags.index("--d-model") + 1] = "32"
-    lock = os.path.join(logdir, ".lock")
+    lock = os.path.join(copy, ".lock")
     with open(lock, "w") as handle:
         handle.write("12345\n")  # The pid of the comparison that wrote it.
-    status, _, err = _run_cli(["compare", *flags, "--logdir", logdir],
+    status, _, err = _run_cli(["compare", *flags, "--logdir", copy],
                               capsys)
     assert status == 2
     assert "different config" in err and "d_model" in err
@@ -451,8 +489,8 @@ def _get(url, data=None):
         return response.read()
 
 
-def test_tensorboard_serves_scalars_images_and_hparams(comparison):
-    logdir, _, document = comparison
+def test_tensorboard_serves_scalars_images_and_hparams(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
@@ -462,7 +500,8 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    runs = [f"{arm}-dk{TRAINED_KEY_DIM}-seed0" for arm in ARMS]
+    runs = {(arm, seed): _run_name(arm, seed)
+            for arm in ARMS for seed in SEEDS}
     try:
         deadline = time.time() + 150
         scalar_tags = {}
@@ -475,14 +514,14 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
                 scalar_tags = {}
             if all(f"{run}/validation" in scalar_tags
                    and "final_accuracy" in scalar_tags[f"{run}/validation"]
-                   for run in runs):
+                   for run in runs.values()):
                 break
             time.sleep(1)
         else:
             pytest.fail(f"TensorBoard did not load the runs: {scalar_tags}")
 
-        by_arm = {r["arm"]: r for r in document["runs"]}
-        for arm, run in zip(ARMS, runs):
+        by_run = {(r["arm"], r["seed"]): r for r in document["runs"]}
+        for key, run in runs.items():
             assert "accuracy" in scalar_tags[f"{run}/validation"]
             assert "attention/mean/score_std" in scalar_tags[f"{run}/validation"]
             query = urllib.parse.urlencode(
@@ -494,11 +533,11 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
             # Entries are [wall_time, step, value].
             assert series[-1][1] == STEPS
             assert series[-1][2] == pytest.approx(
-                by_arm[arm]["final_accuracy"], abs=1e-6
+                by_run[key]["final_accuracy"], abs=1e-6
             )
 
         image_tags = json.loads(_get(base + "/data/plugin/images/tags"))
-        for run in runs:
+        for run in runs.values():
             tags = image_tags[f"{run}/validation"]
             tag = "attention/attention_0/heatmap/head0"
             assert tag in tags
@@ -545,15 +584,16 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
                 value["name"]["tag"]: value["value"]
                 for value in group["metricValues"]
             }
-            seen[group["hparams"]["arm"]] = (group["hparams"], values)
-        assert set(seen) == set(ARMS)
-        for arm, (hparams, values) in seen.items():
+            hparams = group["hparams"]
+            seen[hparams["arm"], int(hparams["seed"])] = (hparams, values)
+        assert set(seen) == set(runs)
+        for key, (hparams, values) in seen.items():
             assert hparams["key_dim"] == TRAINED_KEY_DIM
             assert values["final_accuracy"] == pytest.approx(
-                by_arm[arm]["final_accuracy"], abs=1e-6
+                by_run[key]["final_accuracy"], abs=1e-6
             )
             assert values["init_score_std"] == pytest.approx(
-                by_arm[arm]["init"]["score_std"], rel=1e-5
+                by_run[key]["init"]["score_std"], rel=1e-5
             )
     finally:
         process.terminate()
@@ -565,21 +605,23 @@ def test_tensorboard_serves_scalars_images_and_hparams(comparison):
 
 
 @pytest.mark.slow
-def test_parallel_jobs_give_the_same_results(comparison, tmp_path):
-    logdir, _, document = comparison
+def test_parallel_jobs_give_the_same_results(tiny_comparison, tmp_path):
+    document = tiny_comparison.document
     parallel = str(tmp_path / "parallel")
-    assert cli.main(["compare", *TINY_FLAGS, "--jobs", "2",
+    assert cli.main(["compare", *tiny_comparison.flags, "--jobs", "2",
                      "--logdir", parallel]) == 0
     other = json.load(open(os.path.join(parallel, "comparison.json")))
-    accuracy = {r["arm"]: r["final_accuracy"] for r in document["runs"]}
-    assert {r["arm"]: r["final_accuracy"] for r in other["runs"]} == (
+
+    def by_run(doc, value):
+        return {(r["arm"], r["seed"]): value(r) for r in doc["runs"]}
+
+    accuracy = by_run(document, lambda r: r["final_accuracy"])
+    assert len(accuracy) == len(ARMS) * len(SEEDS)
+    assert by_run(other, lambda r: r["final_accuracy"]) == (
         pytest.approx(accuracy, abs=1e-6)
     )
-    np.testing.assert_allclose(
-        [r["init"]["score_std"] for r in other["runs"]],
-        [r["init"]["score_std"] for r in document["runs"]],
-        rtol=1e-5,
-    )
+    assert by_run(other, lambda r: r["init"]["score_std"]) == pytest.approx(
+        by_run(document, lambda r: r["init"]["score_std"]), rel=1e-5)
 
 
 def test_markdown_table_hand_case():

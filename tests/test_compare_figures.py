@@ -1,13 +1,13 @@
-"""Tests of the comparison's pictures on a tiny comparison (two arms, two
-seeds, d_k 4 at init only and 16 trained for 20 steps): the numbers in
+"""Tests of the comparison's pictures on the tiny comparison of
+tests/conftest.py (`tiny_comparison`: two arms, two seeds, d_k 4 at init
+only and 16 trained for 20 steps, held-out evaluation every 5 steps,
+diagnostics every 10): the numbers in
 comparison.json equal what the event files and the runs' records hold
 (recomputed here with numpy), the figures draw exactly those numbers, the
 custom-scalars layout is one TensorBoard accepts, and comparison.html is
 self-contained and renders in Chromium with no network.
 """
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -23,7 +23,6 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.custom_scalar import custom_scalars_plugin
 
 from _pages import chromium
-from pipelines import cli
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.compare.claims import CLAIMS
@@ -36,25 +35,10 @@ ARMS = ("scaled", "unscaled")
 SEEDS = (0, 1)
 KEY_DIMS = (4, 16)
 TRAINED = 16
-FLAGS = [
-    "--arms", ",".join(ARMS), "--key-dims", "4,16", "--train-key-dims", "16",
-    "--seeds", "2", "--steps", "20", "--d-model", "16", "--num-pairs", "4",
-    "--num-keys", "8", "--num-values", "4", "--eval-every", "5",
-    "--diagnostics-every", "10", "--checkpoint-every", "20",
-    "--heldout-size", "64", "--probe-size", "8", "--variance-samples", "500",
-    "--jit-compile", "off",
-]
 
-
-@pytest.fixture(scope="module")
-def comparison(tmp_path_factory):
-    """(logdir, stdout, comparison.json) of the tiny comparison."""
-    logdir = str(tmp_path_factory.mktemp("figures") / "runs")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert cli.main(["compare", *FLAGS, "--logdir", logdir]) == 0
-    with open(os.path.join(logdir, "comparison.json")) as handle:
-        return logdir, out.getvalue(), json.load(handle)
+# With tests/test_compare.py, on the worker that builds the shared
+# comparison once.
+pytestmark = pytest.mark.xdist_group("compare")
 
 
 def _run_dir(logdir, arm, seed):
@@ -75,8 +59,8 @@ def _labelled_lines(ax):
     return {line.get_label(): line for line in ax.get_lines()}
 
 
-def test_curves_are_the_seed_mean_and_sd_of_the_event_files(comparison):
-    logdir, _, document = comparison
+def test_curves_are_the_seed_mean_and_sd_of_the_event_files(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     curves = {(c["key_dim"], c["arm"]): c for c in document["curves"]}
     assert set(curves) == {(TRAINED, arm) for arm in ARMS}
     for arm in ARMS:
@@ -101,8 +85,8 @@ def test_curves_are_the_seed_mean_and_sd_of_the_event_files(comparison):
     assert entropy["steps"] == [0, 10, 20]
 
 
-def test_figure_data_are_the_records_statistics(comparison):
-    _, _, document = comparison
+def test_figure_data_are_the_records_statistics(tiny_comparison):
+    document = tiny_comparison.document
     data = document["figures"]
     for figure, key in (("init_entropy", "entropy_normalized"),
                         ("score_std", "score_std")):
@@ -123,8 +107,8 @@ def test_figure_data_are_the_records_statistics(comparison):
             for k in KEY_DIMS])
 
 
-def test_figures_draw_the_values_of_comparison_json(comparison):
-    logdir, _, document = comparison
+def test_figures_draw_the_values_of_comparison_json(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     figures = {name: figure for name, _, figure in make_figures(document, CLAIMS.values())}
     assert set(figures) == {"accuracy", "init_entropy", "score_std",
                             "gradient_ratio", "attention_init",
@@ -195,8 +179,8 @@ def test_figures_draw_the_values_of_comparison_json(comparison):
         assert [t.get_text() for t in panels[0].get_yticklabels()] == labels
 
 
-def test_pngs_report_links_and_summary(comparison):
-    logdir, stdout, document = comparison
+def test_pngs_report_links_and_summary(tiny_comparison):
+    logdir, stdout, document, _ = tiny_comparison
     report = open(os.path.join(logdir, "comparison.md")).read()
     for name in ("accuracy", "init_entropy", "score_std", "gradient_ratio",
                  "attention_init", "attention_final"):
@@ -209,8 +193,8 @@ def test_pngs_report_links_and_summary(comparison):
     assert "comparison.html" in stdout.strip().splitlines()[-2]
 
 
-def test_custom_scalars_layout_and_bands(comparison):
-    logdir, _, document = comparison
+def test_custom_scalars_layout_and_bands(tiny_comparison):
+    logdir, _, document, _ = tiny_comparison
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
     multiplexer.AddRunsFromDirectory(logdir)
     multiplexer.Reload()
@@ -246,8 +230,8 @@ def test_custom_scalars_layout_and_bands(comparison):
                     mean + sd, rel=1e-6, abs=1e-7)
 
 
-def test_comparison_html_is_offline_and_renders(comparison, tmp_path):
-    logdir, _, _ = comparison
+def test_comparison_html_is_offline_and_renders(tiny_comparison, tmp_path):
+    logdir = tiny_comparison.logdir
     path = os.path.join(logdir, "comparison.html")
     page = open(path, encoding="utf-8").read()
     assert not re.search(r"https?://", page, re.IGNORECASE)
