@@ -2,7 +2,9 @@
 
 Projections as plain 2-D matmuls, the input checks, the one place the
 layer's masks are built (and the keys they leave each query, for the
-ssmax scale), and the fused path's zeroing of rows without keys.
+ssmax scale), the fused path's zeroing of rows without keys, and the
+path that the layer's options and lengths choose, which a memory estimate
+asks too.
 Floor 1 (layer), beside `keras_attention.layer`: imports keras and
 `keras_attention.{ops, scales}` only.
 """
@@ -21,6 +23,11 @@ except ImportError:  # pragma: no cover - older or newer Keras layouts
 
     def keras_mask(tensor):
         return getattr(tensor, "_keras_mask", None)
+
+
+# Above this many query-key pairs per head, `implementation="auto"` switches
+# to the chunked path, whose memory does not grow with T * S.
+MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
 
 
 # ------------------------------------------------------------- projections
@@ -268,3 +275,46 @@ def fused_attention(q, k, v, mask, scale):
     row_has_key = ops.any(full, axis=-1)  # (B, H, T)
     row_has_key = ops.expand_dims(ops.transpose(row_has_key, (0, 2, 1)), -1)
     return ops.where(row_has_key, attended, ops.zeros_like(attended))
+
+
+# ---------------------------------------------------------------- the path
+def attention_path(query_length, key_length, implementation="auto",
+                   logit_soft_cap=None, masked=True, **options):
+    """The path a `ScaledDotProductAttention` built with these options takes
+    for `query_length` queries and `key_length` keys (`None` when unknown),
+    when its call needs no weights: a memory estimate asks it whether the
+    score maps are materialised.
+
+    Args:
+        query_length: number of queries `T`, or `None`.
+        key_length: number of keys `S`, or `None`.
+        implementation: the layer's `implementation`.
+        logit_soft_cap: the layer's `logit_soft_cap`.
+        masked: whether a mask reaches the scores (default `True`: the
+            path that holds under any mask).
+        **options: the layer's other arguments; they choose no path.
+
+    Returns:
+        `"explicit_weights"` (a `logit_soft_cap` is applied there only),
+        `implementation` itself unless it is `"auto"`, `"memory_efficient"`
+        for `"auto"` from `MEMORY_EFFICIENT_THRESHOLD` query-key pairs, or
+        `"auto"`: the layer picks among the materialising paths by backend
+        and dtype.
+    """
+    del options
+    if logit_soft_cap is not None:
+        return "explicit_weights"
+    if implementation != "auto":
+        return implementation
+    long = (
+        query_length is not None
+        and key_length is not None
+        and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
+    )
+    if long and (keras.backend.backend() != "torch" or masked):
+        # torch's CPU kernel is chunked itself, but only without a mask:
+        # at T = 8192 unmasked it grew the peak RSS by 29 MiB (explicit
+        # 798), with a causal mask by 346 MiB (memory-efficient 51).
+        return "memory_efficient"
+    return "auto"
+

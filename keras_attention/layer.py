@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_attention import _layer_utils as utils
+from keras_attention._layer_utils import attention_path
 from keras_attention import ops as attention_ops
 from keras_attention import scales
 from keras_attention.initializers import fresh
@@ -23,10 +24,6 @@ from keras_attention.validation import check_rate
 from keras_attention.validation import check_real
 
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
-
-# Above this many query-key pairs per head, `implementation="auto"` switches
-# to the chunked path, whose memory does not grow with T * S.
-MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
 # The largest `logit_soft_cap`: the scores are float32 (float64 for float64).
 _FLOAT32_MAX = 3.4028234663852886e38
 
@@ -197,20 +194,17 @@ class ScaledDotProductAttention(keras.layers.Layer):
         for name, shape, size in (("query", query_shape, self.key_dim),
                                   ("key", key_shape, self.key_dim),
                                   ("value", value_shape, self.value_dim)):
-            setattr(self, f"{name}_kernel", self._add_kernel(
-                f"{name}_kernel", (shape[-1], heads, size)))
+            self._add_projection_weight(name, "kernel",
+                                        (shape[-1], heads, size))
         for name, size in (("query", self.key_dim), ("key", self.key_dim),
                            ("value", self.value_dim)) if self.use_bias else ():
-            setattr(self, f"{name}_bias", self._add_bias(f"{name}_bias",
-                                                         (heads, size)))
+            self._add_projection_weight(name, "bias", (heads, size))
         if self.output_dim is not None:
-            self.output_kernel = self._add_kernel(
-                "output_kernel", (heads, self.value_dim, self.output_dim)
-            )
+            self._add_projection_weight(
+                "output", "kernel", (heads, self.value_dim, self.output_dim))
             if self.use_bias:
-                self.output_bias = self._add_bias(
-                    "output_bias", (self.output_dim,)
-                )
+                self._add_projection_weight("output", "bias",
+                                            (self.output_dim,))
         if self._fixed_scale is None:
             # "learned": one scalar; "ssmax": one s_h per head. Kept in
             # float32 even under mixed precision: it multiplies the float32
@@ -241,23 +235,17 @@ class ScaledDotProductAttention(keras.layers.Layer):
         else:
             self.seed_generator = None
 
-    def _add_kernel(self, name, shape):
-        return self.add_weight(
+    def _add_projection_weight(self, part, kind, shape):
+        """Adds `self.{part}_{kind}`: a `kind` ("kernel" or "bias") weight
+        with that kind's initializer, regularizer and constraint."""
+        name = f"{part}_{kind}"
+        setattr(self, name, self.add_weight(
             name=name,
             shape=shape,
-            initializer=fresh(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
-            constraint=self.kernel_constraint,
-        )
-
-    def _add_bias(self, name, shape):
-        return self.add_weight(
-            name=name,
-            shape=shape,
-            initializer=fresh(self.bias_initializer),
-            regularizer=self.bias_regularizer,
-            constraint=self.bias_constraint,
-        )
+            initializer=fresh(getattr(self, f"{kind}_initializer")),
+            regularizer=getattr(self, f"{kind}_regularizer"),
+            constraint=getattr(self, f"{kind}_constraint"),
+        ))
 
     # ------------------------------------------------------------------- call
     def __call__(self, query, value=None, key=None, **kwargs):
@@ -371,33 +359,24 @@ class ScaledDotProductAttention(keras.layers.Layer):
         `stateless_call`); torch fused 28 / 179 / 241 against explicit
         28 / 310 / 497 and memory-efficient 46 / 529 / 425.
         """
-        if (need_weights or dropout_active or self._recorder is not None
-                or self.logit_soft_cap is not None):
-            if self.implementation == "memory_efficient" and need_weights:
-                raise ValueError(
-                    'implementation="memory_efficient" cannot return '
-                    "attention weights; call with "
-                    "`return_attention_scores=False` or use another "
-                    "implementation."
-                )
+        if self.implementation == "memory_efficient" and need_weights:
+            raise ValueError(
+                'implementation="memory_efficient" cannot return '
+                "attention weights; call with "
+                "`return_attention_scores=False` or use another "
+                "implementation."
+            )
+        if need_weights or dropout_active or self._recorder is not None:
             return "explicit_weights"
+        path = attention_path(
+            query.shape[1], key.shape[1], implementation=self.implementation,
+            logit_soft_cap=self.logit_soft_cap, masked=masked)
         fused_ok = self.value_dim == self.key_dim  # jax's fused op needs it
-        if self.implementation == "fused" and not fused_ok:
+        if path == "fused" and not fused_ok:
             return "explicit"
-        if self.implementation != "auto":
-            return self.implementation
-        query_length, key_length = query.shape[1], key.shape[1]
+        if path != "auto":
+            return path
         backend = keras.backend.backend()
-        long = (
-            query_length is not None
-            and key_length is not None
-            and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
-        )
-        if long and (backend != "torch" or masked):
-            # torch's CPU kernel is chunked itself, but only without a mask:
-            # at T = 8192 unmasked it grew the peak RSS by 29 MiB (explicit
-            # 798), with a causal mask by 346 MiB (memory-efficient 51).
-            return "memory_efficient"
         if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
             # The fused op takes the score product in float16.
             return "explicit"

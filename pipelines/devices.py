@@ -12,7 +12,7 @@ import types
 
 import keras
 
-from keras_attention.layer import MEMORY_EFFICIENT_THRESHOLD
+from keras_attention.layer import attention_path
 from pipelines.backends import backend_module
 from pipelines.common import UsageError
 
@@ -116,17 +116,14 @@ def open_run_devices(config):
 
 def attention_bytes(config, seq_len):
     """An estimate of the attention maps' memory, in bytes, for a run of
-    `config` on sequences of `seq_len`: the training batch's (unless its
-    path is chunked: `memory_efficient`, or `auto` past the layer's
-    threshold without a `logit_soft_cap`, which only the explicit path
-    applies) or the diagnostics probe's, which always materialises its
+    `config` on sequences of `seq_len`: the training batch's (unless the
+    layer's `attention_path` for the config's attention options is the
+    chunked one) or the diagnostics probe's, which always materialises its
     weights, whichever is larger."""
     one_map = 4 * config.num_heads * seq_len * seq_len * (
         _MAPS_PER_LAYER * config.num_layers)
-    chunked = config.implementation == "memory_efficient" or (
-        config.implementation == "auto" and config.logit_soft_cap is None
-        and seq_len * seq_len >= MEMORY_EFFICIENT_THRESHOLD)
-    train = 0 if chunked else config.batch_size * one_map
+    path = attention_path(seq_len, seq_len, **config.group("attention"))
+    train = 0 if path == "memory_efficient" else config.batch_size * one_map
     return max(train, config.probe_size * one_map)
 
 

@@ -13,12 +13,14 @@ import pathlib
 import tempfile
 import typing
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from keras_attention.layer import ScaledDotProductAttention
 from pipelines.backends import BACKENDS
 from pipelines.backends import Devices
 from pipelines.cli import main
@@ -190,6 +192,27 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
                      "--logdir", str(tmp_path / "r")], capsys, tmp_path)
     assert "sequences of 100000 need about 2,384.2 GiB" in line
     assert "--implementation memory_efficient" in line
+
+
+@pytest.mark.parametrize("implementation,cap", [
+    ("auto", None), ("auto", 30.0), ("explicit", None), ("explicit", 30.0),
+    ("fused", None), ("memory_efficient", None)])
+def test_the_memory_estimate_takes_the_layers_path(
+        tiny_config, implementation, cap):
+    # The estimate counts the training batch's maps exactly when the layer,
+    # built from the same attention options, materialises its scores: a
+    # second code path, the layer's own choice on inputs of that length.
+    config = tiny_config(probe_size=1, num_heads=1, num_layers=1,
+                         batch_size=8, implementation=implementation,
+                         logit_soft_cap=cap)
+    layer = ScaledDotProductAttention(key_dim=2, **config.group("attention"))
+    for length in (64, 4096):
+        heads = np.zeros((1, length, 1, 2), "float32")
+        chunked = layer._choose_path(heads, heads, False, False,
+                                     True) == "memory_efficient"
+        one_map = 4 * length * length * 4
+        assert attention_bytes(config, length) == (
+            one_map if chunked else 8 * one_map), (length, chunked)
 
 
 def test_variance_output_is_checked_before_the_computation(tmp_path, capsys):

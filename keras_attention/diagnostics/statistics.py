@@ -3,6 +3,13 @@ and saturation of the weights, per-head means of one layer's record.
 
 Every function takes and returns numpy arrays (or Python floats), so it can
 be used on any recorded attention, not only inside the probe.
+
+The score statistics (`score_std`, `max_abs_score`) share their arguments
+and result: `scores` are the scaled pre-softmax scores, e.g. `(B, H, T, S)`;
+`mask` is an optional boolean array broadcastable to `scores`, `True` where
+a query may attend to a key, and masked entries are ignored. They return a
+Python float, 0.0 when no entry may attend; non-finite scores are left out
+so that the statistic itself is always finite.
 """
 
 import keras
@@ -64,13 +71,12 @@ def score_std(scores, mask=None):
     of about `sqrt(d_k)`, which saturates the softmax.
 
     Args:
-        scores: scaled pre-softmax scores, e.g. `(B, H, T, S)`.
-        mask: optional boolean array broadcastable to `scores`, `True` where
-            a query may attend to a key; masked entries are ignored.
+        scores: scaled pre-softmax scores (see the module's note).
+        mask: optional boolean array, `True` where a query may attend.
 
     Returns:
-        A Python float; 0.0 when no entry may attend. Non-finite scores are
-        left out so the statistic itself is always finite.
+        A Python float, the standard deviation over the finite attendable
+        scores (0.0 when there are none).
 
     Example:
 
@@ -95,13 +101,12 @@ def max_abs_score(scores, mask=None):
     precede the collapse of the softmax into one-hot rows.
 
     Args:
-        scores: scaled pre-softmax scores, e.g. `(B, H, T, S)`.
-        mask: optional boolean array broadcastable to `scores`, `True` where
-            a query may attend to a key; masked entries are ignored.
+        scores: scaled pre-softmax scores (see the module's note).
+        mask: optional boolean array, `True` where a query may attend.
 
     Returns:
-        A Python float; 0.0 when no entry may attend. Non-finite scores are
-        left out so the statistic itself is always finite.
+        A Python float, the largest `|score|` over the finite attendable
+        scores (0.0 when there are none).
 
     Example:
 

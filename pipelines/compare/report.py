@@ -135,10 +135,11 @@ def status_word(holds):
 
 
 def verdict_line(plan, claim, evidence):
-    """`Claim N (statement): holds — the deciding figure`."""
-    line = (f"Claim {claim.NUMBER} ({claim.STATEMENT}): "
-            f"{status_word(evidence.get('holds'))}")
-    figure = claim.headline(plan, evidence)
+    """`Claim N (statement): holds — the deciding figure`, which only a
+    measured claim has."""
+    holds = evidence.get("holds")
+    line = f"Claim {claim.NUMBER} ({claim.STATEMENT}): {status_word(holds)}"
+    figure = None if holds is None else claim.headline(plan, evidence)
     return line if figure is None else f"{line}: {figure}"
 
 

@@ -54,6 +54,19 @@ MAX_SEEDS = 1000
 # and memory before anything starts (2000 runs in 0.17 s, measured).
 MAX_RUNS = 10000
 
+# The grid's own valued flags, read as text by `plan_grid`:
+# (flag, metavar, help).
+_GRID_FLAGS = (
+    ("--arms", "A1,A2,...", "arms, from: " + ", ".join(ARMS)),
+    ("--seeds", "N|S1,S2,...", "number of seeds (0..N-1) or a list of seeds"),
+    ("--jobs", "N", "worker processes, each training its share of the runs "
+     "one after another (default: the preset's)"),
+    ("--shard", "I/N", "train only shard I of N (0 <= I < N); also read from "
+     "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT"),
+    ("--shard-count", "N", "the shard count of a Kubernetes Indexed Job (its "
+     "index: JOB_COMPLETION_INDEX)"),
+)
+
 
 def _list_of(convert):
     """An argparse `type=` for `V1,V2,...` whose items `convert` parses."""
@@ -83,19 +96,8 @@ def add_grid_arguments(parser, presets, default, preset_help):
     group = parser.add_argument_group("grid")
     group.add_argument("--preset", default=default,
                        metavar="{" + ",".join(presets) + "}", help=preset_help)
-    group.add_argument("--arms", metavar="A1,A2,...",
-                       help="arms, from: " + ", ".join(ARMS))
-    group.add_argument("--seeds", metavar="N|S1,S2,...",
-                       help="number of seeds (0..N-1) or a list of seeds")
-    group.add_argument("--jobs", metavar="N", help="worker processes, each "
-                       "training its share of the runs one after another "
-                       "(default: the preset's)")
-    group.add_argument("--shard", metavar="I/N", help="train only shard I "
-                       "of N (0 <= I < N); also read from SLURM_ARRAY_TASK_ID"
-                       " / SLURM_ARRAY_TASK_COUNT")
-    group.add_argument("--shard-count", metavar="N", help="the shard count "
-                       "of a Kubernetes Indexed Job (its index: "
-                       "JOB_COMPLETION_INDEX)")
+    for name, metavar, help_text in _GRID_FLAGS:
+        group.add_argument(name, metavar=metavar, help=help_text)
     group.add_argument("--report-only", action="store_true", help="train "
                        "nothing: write the report from the finished runs and "
                        "say which are missing")

@@ -12,7 +12,8 @@ has
                             (`measure.collect`, with `"variance"`): a dict
                             with `"holds"` (True, False, or None when the
                             grid lacks what it needs)
-    headline(plan, claim)   the number that decides it, in a few words
+    headline(plan, claim)   the number that decides it once measured
+                            (`"holds"` not None), in a few words, or None
     verdict(plan, claim, results)
                             `(lines, holds)` under "## Verdicts"
     section(plan, claim, results)
