@@ -4,9 +4,9 @@ The Keras backend is fixed when Keras is imported, so the cases that must
 also pass on JAX or torch carry `@pytest.mark.backends("jax", "torch")`
 (`cases=[...]` for some parametrized cases only; tests/conftest.py turns it
 into the `jax` and `torch` markers) and run in one child pytest per backend
-(`run_pytest_under(backend, modules, markers=backend)`), started once from
-the default (TensorFlow) run by tests/test_backends.py. `gradients_of` and `layer_gradients`
-differentiate on whichever backend is active, so one test body serves all
+(`start_pytest_under(backend, modules, markers=backend)`), both started at
+once from the default (TensorFlow) run by tests/test_backends.py.
+`gradients_of` and `layer_gradients` differentiate on whichever backend is active, so one test body serves all
 three.
 """
 
@@ -44,16 +44,13 @@ def marked_modules(config, backend):
     return config.stash.get(MARKED_MODULES, {}).get(backend, [])
 
 
-def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
-    """Runs `modules` (file names in tests/) under KERAS_BACKEND=`backend`
+def start_pytest_under(backend, modules, *, markers=None):
+    """Starts `modules` (file names in tests/) under KERAS_BACKEND=`backend`
     in a child pytest, the cases matching `-m markers` when given (every
-    case, slow ones included, when not), and fails with its output unless
-    every selected case passes.
-
-    Returns:
-        The child's summary line, e.g. "52 passed in 12.3s".
-    """
-    pytest.importorskip({"tensorflow": "tensorflow"}.get(backend, backend))
+    case, slow ones included, when not); `finish_pytest` waits for it.
+    Returns None when `backend` is not installed."""
+    if importlib.util.find_spec(backend) is None:
+        return None
     env = {
         **os.environ,
         "KERAS_BACKEND": backend,
@@ -81,15 +78,37 @@ def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
         "-W", "ignore::DeprecationWarning",
         *(os.path.join(TESTS_DIR, module) for module in modules),
     ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=timeout,
-        cwd=REPO_ROOT,
-    )
-    output = result.stdout[-6000:] + result.stderr[-2000:]
-    assert result.returncode == 0, output
-    summary = result.stdout.strip().splitlines()[-1]
+    return subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO_ROOT)
+
+
+def finish_pytest(backend, child, timeout=1800):
+    """Waits for a child pytest of `start_pytest_under` and fails with its
+    output unless every selected case passed (skips when `child` is None).
+
+    Returns:
+        The child's summary line, e.g. "52 passed in 12.3s".
+    """
+    if child is None:
+        pytest.skip(f"{backend} is not installed")
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        stdout, stderr = child.communicate()
+    output = stdout[-6000:] + stderr[-2000:]
+    assert child.returncode == 0, output
+    summary = stdout.strip().splitlines()[-1]
     assert " passed" in summary, output
     return summary
+
+
+def run_pytest_under(backend, modules, *, markers=None, timeout=1800):
+    """`start_pytest_under` and `finish_pytest` in one."""
+    return finish_pytest(
+        backend, start_pytest_under(backend, modules, markers=markers),
+        timeout)
 
 
 def to_np(x):

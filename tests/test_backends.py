@@ -30,11 +30,13 @@ import keras_attention.ops as attention_ops
 from _backends import BACKEND
 from _backends import OTHER_BACKENDS
 from _backends import REPO_ROOT
+from _backends import finish_pytest
 from _backends import from_outer_run
 from _backends import gradients_of
 from _backends import layer_gradients
 from _backends import marked_modules
 from _backends import run_pytest_under
+from _backends import start_pytest_under
 from _backends import to_np
 from keras_attention import ScaledDotProductAttention
 from keras_attention import scaled_dot_product_attention
@@ -426,13 +428,31 @@ MODULES = ["test_layer.py", "test_backends.py", "test_layer_harness.py",
            "test_probe.py", "test_ssmax.py", "test_recording_keras.py"]
 
 
+@pytest.fixture(scope="module")
+def marked_children(request):
+    """Both backends' child runs, started at once (this process only waits
+    on them, and each keeps about one core busy: side by side they take
+    the longer one's time, not the sum); None for a backend with no marked
+    case in this run."""
+    children = {}
+    for backend in OTHER_BACKENDS:
+        modules = marked_modules(request.config, backend)
+        children[backend] = modules and start_pytest_under(
+            backend, modules, markers=f"{backend} and not slow")
+    yield children
+    for child in children.values():
+        if child and child.poll() is None:
+            child.kill()
+            child.communicate()
+
+
 @from_outer_run
 @pytest.mark.parametrize("backend", OTHER_BACKENDS)
-def test_marked_cases_pass_under(backend, request):
-    modules = marked_modules(request.config, backend)
-    if not modules:
+def test_marked_cases_pass_under(backend, marked_children):
+    child = marked_children[backend]
+    if child == []:
         pytest.skip(f"this run collected no case marked for {backend}")
-    run_pytest_under(backend, modules, markers=f"{backend} and not slow")
+    finish_pytest(backend, child)
 
 
 @pytest.mark.slow
