@@ -392,14 +392,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return "explicit"
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
-        if self.logit_soft_cap is not None:
-            attended, weights, scores = self._capped_attention(
-                q, k, v, mask, scale, dropout_active)
-        else:
-            attended, weights, scores = attention_ops.attend(
-                q, k, v, mask, scale, dropout_rate=self.dropout,
-                training=dropout_active, seed_generator=self.seed_generator,
-                score_offset=self._score_offset)
+        attended, weights, scores = attention_ops.attend(
+            q, k, v, mask, scale, dropout_rate=self.dropout,
+            training=dropout_active, seed_generator=self.seed_generator,
+            score_offset=self._score_offset,
+            logit_soft_cap=self.logit_soft_cap)
         if self._recorder is not None:
             self._recorder[self.name] = {
                 "scores": scores,
@@ -407,22 +404,6 @@ class ScaledDotProductAttention(keras.layers.Layer):
                 "mask": mask,
             }
         return attended, weights
-
-    def _capped_attention(self, q, k, v, mask, scale, dropout_active):
-        """`attend` with the scores soft-capped (`c * tanh(s / c)`) before the
-        offset, the mask and the softmax; returns the capped scores."""
-        scores = attention_ops.attention_scores(q, k, scale)
-        # A cap below float32's smallest normal (1.2e-38) would divide by 0
-        # (NaN); the exact scores, within +-c of 0, are as uniform there.
-        cap = ops.cast(max(self.logit_soft_cap, 1.1754944e-38), scores.dtype)
-        scores = cap * ops.tanh(scores / cap)
-        weights = attention_ops.masked_softmax(
-            scores if self._score_offset is None
-            else scores + ops.cast(self._score_offset, scores.dtype), mask)
-        used = weights if not dropout_active else keras.random.dropout(
-            weights, self.dropout, seed=self.seed_generator)
-        return (attention_ops.weighted_values(ops.cast(used, v.dtype), v),
-                weights, scores)
 
     # -------------------------------------------------------- shapes, config
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):

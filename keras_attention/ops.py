@@ -239,16 +239,23 @@ def scaled_dot_product_attention(
 
 
 def attend(query, key, value, mask, scale, dropout_rate=0.0, training=False,
-           seed_generator=None, score_offset=None):
+           seed_generator=None, score_offset=None, logit_soft_cap=None):
     """The explicit computation behind `scaled_dot_product_attention` and
-    the layer, without argument checks; `score_offset` (broadcast to the
-    scores, cast to their dtype) is added to the scores before the softmax.
+    the layer, without argument checks; a `logit_soft_cap` c makes the
+    scaled scores `c * tanh(scores / c)`, then `score_offset` (broadcast to
+    the scores, cast to their dtype) is added before the softmax.
 
     Returns:
         `(output (B, T, H, d_v), weights (B, H, T, S), scores (B, H, T, S))`:
-        weights before dropout, scores scaled, before masking and the offset.
+        weights before dropout, scores scaled (and capped), before masking
+        and the offset.
     """
     scores = attention_scores(query, key, scale)
+    if logit_soft_cap is not None:
+        # A cap below float32's smallest normal (1.2e-38) would divide by 0
+        # (NaN); the exact scores, within +-c of 0, are as uniform there.
+        cap = ops.cast(max(logit_soft_cap, 1.1754944e-38), scores.dtype)
+        scores = cap * ops.tanh(scores / cap)
     shifted = scores if score_offset is None else (
         scores + ops.cast(score_offset, scores.dtype))
     weights = masked_softmax(shifted, mask)
