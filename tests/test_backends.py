@@ -433,12 +433,13 @@ def marked_children(request):
     """Both backends' child runs, started at once (this process only waits
     on them, and each keeps about one core busy: side by side they take
     the longer one's time, not the sum); None for a backend with no marked
-    case in this run."""
+    case in this run or not installed."""
     children = {}
     for backend in OTHER_BACKENDS:
         modules = marked_modules(request.config, backend)
-        children[backend] = modules and start_pytest_under(
-            backend, modules, markers=f"{backend} and not slow")
+        children[backend] = start_pytest_under(
+            backend, modules, markers=f"{backend} and not slow"
+        ) if modules else None
     yield children
     for child in children.values():
         if child and child.poll() is None:
@@ -448,11 +449,10 @@ def marked_children(request):
 
 @from_outer_run
 @pytest.mark.parametrize("backend", OTHER_BACKENDS)
-def test_marked_cases_pass_under(backend, marked_children):
-    child = marked_children[backend]
-    if child == []:
+def test_marked_cases_pass_under(backend, request, marked_children):
+    if not marked_modules(request.config, backend):
         pytest.skip(f"this run collected no case marked for {backend}")
-    finish_pytest(backend, child)
+    finish_pytest(backend, marked_children[backend])
 
 
 @pytest.mark.slow
