@@ -1,31 +1,22 @@
-"""The lesson's claims, one module each, with one interface.
+"""The lesson's claims, one module each, decided in the order a preset's
+`options["claims"]` names them (all five by default). A claim module has:
 
-A comparison decides the claims its preset names (`options["claims"]`, all
-five by default), in this order; a claim is one module of this package that
-has
-
-    NUMBER, STATEMENT       its key in comparison.json's `"claims"` and its
-                            one-line statement
-    applies(plan)           whether the grid can measure it
+    NUMBER, STATEMENT   its key in comparison.json's `"claims"`, its line
+    applies(plan)       whether the grid can measure it
     measure(plan, results, log)
-                            its evidence from the collected runs
-                            (`measure.collect`, with `"variance"`): a dict
-                            with `"holds"` (True, False, or None when the
-                            grid lacks what it needs)
-    headline(plan, claim)   the number that decides it once measured
-                            (`"holds"` not None), in a few words, or None
+                        its evidence from `measure.collect` (with
+                        `"variance"`): a dict whose `"holds"` is None when
+                        the grid lacks what it needs
+    headline(plan, claim)
+                        the deciding number in a few words, or None
     verdict(plan, claim, results)
-                            `(lines, holds)` under "## Verdicts"
+                        `(lines, holds)` under "## Verdicts"
     section(plan, claim, results)
-                            its section of comparison.md (lines)
-    FIGURES                 `(name, caption, draw(document))`, drawn from
-                            comparison.json; the captions' letters order
-                            every claim's figures in one list
+                        its lines of comparison.md
+    FIGURES             `(name, caption, draw(document))`; the captions'
+                        letters order every claim's figures
     SCALAR_RUNS, scalars(plan, claim, results)
-                            its TensorBoard runs, rewritten on each report,
-                            and `{run: [(tag, value, step)]}`
-
-so a new claim is one new module, named here.
+                        its TensorBoard runs, `{run: [(tag, value, step)]}`
 """
 
 from pipelines.compare.claims import depth
@@ -39,9 +30,5 @@ CLAIMS = {module.__name__.rsplit(".", 1)[-1]: module
 
 
 def named(names):
-    """The claim modules of `names` (a preset's `claims`), in order.
-
-    Raises:
-        KeyError: for a name that is no claim.
-    """
+    """The claim modules of `names`, in order; KeyError for no claim."""
     return [CLAIMS[name] for name in names]

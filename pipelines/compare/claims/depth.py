@@ -1,20 +1,13 @@
-"""Claim 4, "the scale is what lets deeper attention stacks train", decided
-from the runs of a `--num-layers` axis, and its section of the report.
+"""Claim 4, from the runs of a `--num-layers` axis at the largest trained
+d_k: per depth and arm the final accuracy, steps to target, entropy per
+layer and |dL/dscores| of the bottom layer over the top one.
 
-Per depth (at the largest trained d_k, the other axes at their slice), per
-arm over the seeds: the final held-out accuracy and the steps to target;
-the normalized entropy of every layer at init and at the end; |dL/dscores|
-of the first (bottom) layer against the last (top) at init. The gap is the
-scaled minus the unscaled final accuracy on each seed (runs of one depth
-and seed share data and initial weights). Depth *widens* the gap when its
-mean grows by at least `learning.GAP` from the shallowest to the deepest
-stack, *closes* it when it shrinks by that much, and otherwise *leaves* it.
-The claim holds when at the deepest stack the scaled model reaches the
-target on every seed and is ahead of the unscaled one by at least `GAP`
-on every seed, and depth does not close the gap; it is not supported when
-the scaled model does not train the deepest stack either, or the unscaled
-one keeps up there. The depths between are reported, seed by seed, not
-judged: how far down the stall reaches is the trend.
+The gap is scaled minus unscaled final accuracy, paired by seed. Depth
+*widens* it when its mean grows by at least `learning.GAP` from the
+shallowest stack to the deepest, *closes* it when it shrinks by that much,
+else *leaves* it. The claim holds when at the deepest stack the scaled
+model reaches the target and leads by `GAP` on every seed, and depth does
+not close the gap; the depths between are reported, not judged.
 """
 
 import numpy as np
@@ -22,6 +15,7 @@ import numpy as np
 from pipelines.common import markdown_table
 from pipelines.compare.claims.learning import GAP
 from pipelines.compare.measure import document_arms
+from pipelines.compare.measure import has_pair
 from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import MISSING
 from pipelines.reports.numbers import fmt
@@ -54,9 +48,8 @@ def _profiles(records, stage):
             if (r.get("layers") or {}).get(stage)]
 
 
-def per_layer(records, stage, key):
-    """`{"mean": [...], "sd": [...]}` of `key` per layer (bottom first)
-    over the records' seeds, or None without profiles."""
+def _per_layer(records, stage, key):
+    """`{"mean", "sd"}` of `key` per layer (bottom first), or None."""
     profiles = _profiles(records, stage)
     if not profiles:
         return None
@@ -66,15 +59,13 @@ def per_layer(records, stage, key):
 
 
 def _gradient(records):
-    """|dL/dscores| at init of the first and last layer, and their ratio,
-    means over seeds (the ratio of each seed, then the mean)."""
-    firsts, lasts, ratios = [], [], []
-    for profile in _profiles(records, "init"):
-        first = profile[0].get("grad_norm_scores")
-        last = profile[-1].get("grad_norm_scores")
-        firsts.append(first)
-        lasts.append(last)
-        ratios.append(first / last if first is not None and last else None)
+    """|dL/dscores| at init of the first and last layer and their ratio
+    (per seed, then the mean)."""
+    profiles = _profiles(records, "init")
+    firsts = [profile[0].get("grad_norm_scores") for profile in profiles]
+    lasts = [profile[-1].get("grad_norm_scores") for profile in profiles]
+    ratios = [first / last if first is not None and last else None
+              for first, last in zip(firsts, lasts)]
     return {"first": mean_sd(firsts)[0], "last": mean_sd(lasts)[0],
             "first_over_last": mean_sd(ratios)[0]}
 
@@ -89,14 +80,14 @@ def _arm_row(records):
         "accuracy_sd": sd,
         "reached": sum(r["steps_to_target"] is not None for r in records),
         "steps_to_target": [r["steps_to_target"] for r in records],
-        "entropy_init": per_layer(records, "init", "entropy_normalized"),
-        "entropy_final": per_layer(records, "final", "entropy_normalized"),
+        "entropy_init": _per_layer(records, "init", "entropy_normalized"),
+        "entropy_final": _per_layer(records, "final", "entropy_normalized"),
         "gradient": _gradient(records),
     }
 
 
 def _gap(arms):
-    """The paired scaled - unscaled final accuracy per seed at one depth."""
+    """Scaled minus unscaled final accuracy, paired by seed."""
     scaled, unscaled = (dict(zip(arms[arm]["seeds"],
                                  arms[arm]["final_accuracy"]))
                         for arm in PAIR)
@@ -114,28 +105,26 @@ def depth_claim(plan, results):
     """Claim 4 from the collected results.
 
     Returns:
-        `{"holds", "key_dim", "depths", "by_depth": [{"num_layers", "arms":
-        {arm: ...}, "gap"}], "trend", "gap_change", "ceiling",
-        "bottom_vanishes_faster_unscaled", "bottom_ratio_relative"}`;
-        `holds` and `trend` are None without both arms or two trained
-        depths; the gradient comparison is None within `RATIO_MARGIN`.
+        `{"holds", "key_dim", "depths", "by_depth": [{"num_layers", "arms",
+        "gap"}], "trend", ...}`; `holds` and `trend` are None without both
+        arms at two trained depths.
     """
     key_dims = plan.trained_axis("key_dim")
     depths = plan.trained_axis("num_layers")
     key_dim = key_dims[-1] if key_dims else None
-    has_pair = all(arm in plan.arms for arm in PAIR)
+    pair = has_pair(plan)
     rows = []
     for depth in depths:
         arms = {arm: _arm_row(_records(plan, results, key_dim, depth, arm))
                 for arm in plan.arms}
         rows.append({"num_layers": depth, "arms": arms,
-                     "gap": _gap(arms) if has_pair else None})
+                     "gap": _gap(arms) if pair else None})
     claim = {"holds": None, "key_dim": key_dim, "depths": depths,
              "by_depth": rows, "trend": None, "gap_change": None,
              "ceiling": None, "bottom_vanishes_faster_unscaled": None,
              "bottom_ratio_relative": None}
     gaps = [row["gap"] for row in rows if row["gap"] and row["gap"]["seeds"]]
-    if not has_pair or len(gaps) < 2:
+    if not pair or len(gaps) < 2:
         return claim
     change = gaps[-1]["mean"] - gaps[0]["mean"]
     claim["gap_change"] = change
@@ -224,7 +213,6 @@ def depth_verdict(claim, target):
 
 
 def _absolute_words(scaled, unscaled):
-    """Unscaled over scaled |dL/dscores| in the first and last layer."""
     if not (scaled["first"] and scaled["last"]) or None in (
             unscaled["first"], unscaled["last"]):
         return ""
@@ -235,22 +223,18 @@ def _absolute_words(scaled, unscaled):
 
 # -------------------------------------------------------------- section
 def section(plan, claim, results):
-    """The report's lines on claim 4: accuracy, entropy per layer and the
-    first/last gradient per depth and arm."""
     if not claim["by_depth"]:
         return []
     arms = list(plan.arms)
     key_dim = claim["key_dim"]
-    accuracy = []
-    for row in claim["by_depth"]:
-        records = {arm: _records(plan, results, key_dim, row["num_layers"],
-                                 arm) for arm in arms}
-        accuracy.append(
-            [str(row["num_layers"])]
-            + [fmt_mean_sd(row["arms"][arm]["final_accuracy"])
-               for arm in arms]
-            + [fmt_steps(records[arm]) for arm in arms]
-            + ([fmt(row["gap"]["mean"])] if row["gap"] else []))
+    accuracy = [
+        [str(row["num_layers"])]
+        + [fmt_mean_sd(row["arms"][arm]["final_accuracy"]) for arm in arms]
+        + [fmt_steps([{"steps_to_target": steps} for steps
+                      in row["arms"][arm]["steps_to_target"]])
+           for arm in arms]
+        + ([fmt(row["gap"]["mean"])] if row["gap"] else [])
+        for row in claim["by_depth"]]
     gap = ["scaled − unscaled"] if claim["by_depth"][0]["gap"] else []
     lines = [f"## Claim 4: depth (d_k {key_dim}, mean ± sd over seeds)", "",
              *markdown_table(
@@ -287,7 +271,6 @@ def section(plan, claim, results):
 
 # ------------------------------------------------------------ interface
 def applies(plan):
-    """With a `--num-layers` axis."""
     return "num_layers" in plan.axes
 
 
@@ -306,8 +289,7 @@ def verdict(plan, claim, results):
     return depth_verdict(claim, plan.base.target_accuracy)
 
 
-def depth_accuracy_figure(document):
-    """Final held-out accuracy against the number of layers, per arm."""
+def _accuracy_figure(document):
     claim = (document.get("claims") or {}).get(NUMBER)
     if not claim or not claim["by_depth"]:
         return None
@@ -325,8 +307,7 @@ def depth_accuracy_figure(document):
     return figure
 
 
-def depth_entropy_figure(document):
-    """Normalized entropy per layer, at init and at the end, per depth."""
+def _entropy_figure(document):
     claim = (document.get("claims") or {}).get(NUMBER)
     rows = [row for row in (claim or {}).get("by_depth", ())
             if any(arm["entropy_init"] for arm in row["arms"].values())]
@@ -354,19 +335,15 @@ def depth_entropy_figure(document):
 FIGURES = (
     ("depth_accuracy", "(f) Final held-out accuracy against the number of "
      "attention layers, mean ± sd over seeds, per arm.",
-     depth_accuracy_figure),
+     _accuracy_figure),
     ("depth_entropy", "(g) Normalized entropy per layer at initialization "
      "(solid) and at the end of training (dashed), one panel per depth.",
-     depth_entropy_figure),
+     _entropy_figure),
 )
 
 
 def scalars(plan, claim, results):
-    """Over depth (step = layers), a tag per arm: final/accuracy,
-    final/steps_to_target (seeds that reached it),
-    init/entropy_normalized (mean over layers),
-    init/entropy_normalized_{first,last} and
-    init/grad_scores_first_over_last."""
+    """Over depth (step = layers), a tag per arm."""
     rows = claim["by_depth"]
     return {"depth": [(f"{tag}/{arm}", value, step)
                       for arm in (rows[0]["arms"] if rows else ())

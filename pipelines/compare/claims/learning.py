@@ -1,9 +1,6 @@
-"""Claim 3, "in saturation gradients vanish and learning stalls": per
-trained d_k the scaled minus unscaled final accuracy on each seed (runs of
-one d_k and seed share data and initial weights), on text the held-out
-bits per character, the gradient ratios at init, and what the control arms
-say; the held-out curves and the gradient ratios drawn.
-"""
+"""Claim 3: per trained d_k the scaled minus unscaled final accuracy (on
+text, bits per character) paired by seed, the gradient ratios at init, and
+what the control arms say."""
 
 import numpy as np
 
@@ -28,11 +25,9 @@ SCALAR_RUNS = ("claims",)
 # A training gap: the scaled model's final accuracy ahead by this much
 # (claims 4 and 5 measure their gaps and fades by it too).
 GAP = 0.1
-# On text, the gap is in held-out bits per character, the task's headline
-# number: next-character accuracy is the top-1 hit rate of a distribution
-# over ~100 symbols and moves little while the loss still falls. The
-# unscaled model behind by this many bits per character (about 2% of the
-# 4.56-bit unigram baseline of the stdlib corpus) counts as a gap.
+# On text the gap is in held-out bits per character: next-character accuracy
+# (top-1 of ~100 symbols) moves little while the loss still falls. This many
+# bits (about 2% of the stdlib corpus's 4.56-bit unigram baseline) is a gap.
 BITS_GAP = 0.1
 # The control arms, in the order the verdict discusses them.
 _CONTROL_ARMS = ("saturated_init", "compensated_init", "learned", "qk_norm")
@@ -60,8 +55,8 @@ def applies(plan):
 
 
 def _paired_runs(results, key_dim):
-    """`[(seed, scaled record, unscaled record)]` of the seeds where both
-    arms of the pair trained at `key_dim` and have a final accuracy."""
+    """`[(seed, scaled, unscaled)]` records where both have a final
+    accuracy at `key_dim`."""
     by_seed = {}
     for record in results["runs"]:
         if record["key_dim"] == key_dim and record["arm"] in PAIR:
@@ -84,11 +79,9 @@ def _init_ratio(paired, key):
 
 
 def _training_gap(results, key_dim):
-    """Claim 3's evidence at one trained d_k."""
     paired = _paired_runs(results, key_dim)
-    differences = [
-        s["final_accuracy"] - u["final_accuracy"] for _, s, u in paired
-    ]
+    differences = [s["final_accuracy"] - u["final_accuracy"]
+                   for _, s, u in paired]
     bits = [u["final_bits"] - s["final_bits"] for _, s, u in paired
             if s.get("final_bits") is not None
             and u.get("final_bits") is not None]
@@ -105,12 +98,10 @@ def _training_gap(results, key_dim):
         "seeds": [seed for seed, _, _ in paired],
         "accuracy_difference": differences,
         "bits_difference": bits,
-        "scaled_reached": sum(
-            s["steps_to_target"] is not None for _, s, _ in paired
-        ),
-        "unscaled_reached": sum(
-            u["steps_to_target"] is not None for _, _, u in paired
-        ),
+        "scaled_reached": sum(s["steps_to_target"] is not None
+                              for _, s, _ in paired),
+        "unscaled_reached": sum(u["steps_to_target"] is not None
+                                for _, _, u in paired),
         "grad_scores_ratio": _init_ratio(paired, "grad_norm_scores"),
         "grad_query_ratio": _init_ratio(paired, "grad_norm_query"),
         "grad_key_ratio": _init_ratio(paired, "grad_norm_key"),
@@ -119,37 +110,24 @@ def _training_gap(results, key_dim):
     }
 
 
-def _arms_at(plan, results, key_dim):
-    """Per arm at `key_dim`: seeds trained, seeds reaching the target and
-    the mean final accuracy."""
-    arms = {}
-    for arm in plan.arms:
-        records = run_values(results, arm, key_dim, lambda r: r)
-        arms[arm] = {
-            "seeds": len(records),
+def _arm_at(records):
+    return {"seeds": len(records),
             "reached": sum(r["steps_to_target"] is not None
                            for r in records),
             "final_accuracy": mean_sd(
-                [r["final_accuracy"] for r in records]
-            )[0],
-        }
-    return arms
+                [r["final_accuracy"] for r in records])[0]}
 
 
 def learning_claim(plan, results):
-    """Claim 3: in saturation the gradient at the softmax input vanishes
-    and the unscaled model stalls where the scaled one learns."""
-    gaps = (
-        [_training_gap(results, key_dim) for key_dim in plan.trained_axis("key_dim")]
-        if has_pair(plan) else []
-    )
+    """Claim 3 from the slice's results."""
+    key_dims = plan.trained_axis("key_dim")
+    gaps = ([_training_gap(results, key_dim) for key_dim in key_dims]
+            if has_pair(plan) else [])
     largest = gaps[-1] if gaps else None
-    arms_at_largest = (
-        _arms_at(plan, results, plan.trained_axis("key_dim")[-1])
-        if plan.trained_axis("key_dim") else {}
-    )
     return {
-        "arms_at_largest_key_dim": arms_at_largest,
+        "arms_at_largest_key_dim": {
+            arm: _arm_at(run_values(results, arm, key_dims[-1], lambda r: r))
+            for arm in plan.arms} if key_dims else {},
         "holds": (
             None if largest is None or not largest["seeds"]
             else largest["gap_every_seed"]
@@ -157,8 +135,6 @@ def learning_claim(plan, results):
         ),
         "by_key_dim": gaps,
     }
-
-
 
 
 def measure(plan, results, log=print):
@@ -178,19 +154,15 @@ def headline(plan, claim):
 def _gap_line(gap, target_accuracy):
     n = len(gap["seeds"])
     differences = ", ".join(f"{d:+.2f}" for d in gap["accuracy_difference"])
-    text = (
-        f"d_k {gap['key_dim']}: scaled minus unscaled final accuracy per "
-        f"seed {differences}; target {target_accuracy:g} "
-        f"reached by {gap['scaled_reached']}/{n} scaled and "
-        f"{gap['unscaled_reached']}/{n} unscaled runs. "
-    )
+    text = (f"d_k {gap['key_dim']}: scaled minus unscaled final accuracy "
+            f"per seed {differences}; target {target_accuracy:g} "
+            f"reached by {gap['scaled_reached']}/{n} scaled and "
+            f"{gap['unscaled_reached']}/{n} unscaled runs. ")
     if gap.get("bits_difference") is not None:
         bits = ", ".join(f"{d:+.3f}" for d in gap["bits_difference"])
-        text += (
-            f"Held-out bits per character, unscaled minus scaled, per seed "
-            f"{bits} (a gap: at least {BITS_GAP:g} bits; the verdict on "
-            "text is on bits, not accuracy). "
-        )
+        text += (f"Held-out bits per character, unscaled minus scaled, per "
+                 f"seed {bits} (a gap: at least {BITS_GAP:g} bits; the "
+                 "verdict on text is on bits, not accuracy). ")
     if gap["gap_every_seed"]:
         return text + "A training gap on every seed."
     if gap["gap_on_average"]:
@@ -214,12 +186,11 @@ def _gradient_line(largest):
         " |dL/dW_Q| and |dL/dW_K| can be larger unscaled even while the"
         " softmax passes back less; a larger projection gradient is not"
         " by itself a sign of learning, and the training curves are"
-        " what show whether the model learns."
-    )
+        " what show whether the model learns.")
 
 
 def learning_verdict(claim, target_accuracy):
-    """Claim 3: in saturation gradients vanish and learning stalls."""
+    """`(lines, holds)`: claim 3 in words."""
     if claim["holds"] is None:
         return ["Needs trained scaled and unscaled runs."], None
     lines = [_gap_line(gap, target_accuracy) for gap in claim["by_key_dim"]]
@@ -241,21 +212,18 @@ def learning_verdict(claim, target_accuracy):
         f"on every seed at d_k {largest['key_dim']}."
         if claim["holds"] else
         f"Claim 3 is NOT supported by these runs at d_k "
-        f"{largest['key_dim']}: see the numbers above."
-    )
+        f"{largest['key_dim']}: see the numbers above.")
     return lines, claim["holds"]
 
 
 def control_lines(arms, key_dim, gap):
-    """What the control arms say, when they ran. They explain a gap between
+    """What the control arms that ran say: they explain a gap between
     scaled and unscaled; without one they are only reported."""
     def outcome(name):
         arm = arms[name]
-        return (
-            f"`{name}` reached the target in {arm['reached']}/"
-            f"{arm['seeds']} seeds (mean final accuracy "
-            f"{fmt(arm['final_accuracy'])})"
-        )
+        return (f"`{name}` reached the target in {arm['reached']}/"
+                f"{arm['seeds']} seeds (mean final accuracy "
+                f"{fmt(arm['final_accuracy'])})")
 
     def ran(name):
         return name in arms and arms[name]["seeds"]
@@ -268,8 +236,7 @@ def control_lines(arms, key_dim, gap):
         if ran(name):
             lines.append(
                 f"Control at d_k {key_dim}: {outcome(name)}. It has {start}; "
-                + (learned if arms[name]["reached"] > 0 else failed)
-            )
+                + (learned if arms[name]["reached"] > 0 else failed))
     lines += [f"At d_k {key_dim}, {outcome(name)}."
               for name in ("learned", "qk_norm") if ran(name)]
     return lines
@@ -303,8 +270,8 @@ def section(plan, claim, results):
                  "\\|dL/dW_K\\| ratio"], rows), ""]
 
 
-def accuracy_figure(document):
-    """(a) Held-out accuracy against the step, one panel per trained d_k."""
+def _accuracy_figure(document):
+    """Held-out accuracy against the step, a panel per trained d_k."""
     curves = document.get("curves") or []
     key_dims = sorted({c["key_dim"] for c in curves})
     if not key_dims:
@@ -330,8 +297,7 @@ def accuracy_figure(document):
     return figure
 
 
-def gradient_ratio_figure(document):
-    """(d) Unscaled over scaled gradient norms at init against d_k."""
+def _gradient_ratio_figure(document):
     data = document["figures"]["gradient_ratios"]
     if not any(series["key_dims"] for series in data.values()):
         return None
@@ -355,16 +321,14 @@ def gradient_ratio_figure(document):
 
 FIGURES = (
     ("accuracy", "(a) Held-out accuracy against the training step: mean "
-     "(line) ± sd (band) over seeds, per arm.", accuracy_figure),
+     "(line) ± sd (band) over seeds, per arm.", _accuracy_figure),
     ("gradient_ratio", "(d) Unscaled over scaled gradient norms at "
      "initialization (probe batch): |dL/dscores| and |dL/dW_Q| against "
-     "d_k.", gradient_ratio_figure),
+     "d_k.", _gradient_ratio_figure),
 )
 
 
 def scalars(plan, claim, results):
-    """|dL/dscores| at init and the final accuracy over d_k (step = d_k),
-    a tag per arm."""
     results = sliced(plan, results)
     points = init_points(results, ("grad_norm_scores",))
     for arm in plan.arms:

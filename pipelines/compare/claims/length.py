@@ -1,31 +1,16 @@
-"""Claim 5, "with the 1/√d_k scale attention fades as n grows", from three
-measurements (`length_measures`): the init curves over n per scale mode
-beside the i.i.d. theory, which fade when the sqrt scale's relevant weight
-falls by at least `GAP` from the shortest to the longest n; the runs
-trained at each length of the grid's length axis (the query's weight on
-its pair on recall, else the accuracy), which fade when the scaled arm's
-falls by `GAP` and ssmax's, when it ran, by `GAP` less (a fall every arm
-shares is the task getting harder); and recall trained at one length, read
-at multiples of it, which fades when that weight falls by `GAP`. The claim
-holds when the init curves fade and every trained measurement that ran
-does too.
+"""Claim 5, from three measurements (`length_measures`), each fading when
+the scaled arm's number falls by at least `GAP` from the shortest length
+to the longest: the relevant key's weight in the init curves per scale
+mode (beside the i.i.d. theory); the runs trained at each length of the
+grid's length axis (the query's weight on its pair on recall, else the
+accuracy), where ssmax's, when it ran, must fall by `GAP` less (a fall
+every arm shares is the task getting harder); and recall read at multiples
+of its trained length. It holds when every part that ran fades.
 """
 
 from pipelines.builders import build_task
 from pipelines.common import markdown_table
-from pipelines.compare.claims.length_measures import INIT_ARMS
-from pipelines.compare.claims.length_measures import INIT_STATISTICS
-from pipelines.compare.claims.length_measures import evaluated_runs
-from pipelines.compare.claims.length_measures import extrapolation
-from pipelines.compare.claims.length_measures import half_point
-from pipelines.compare.claims.length_measures import init_curves
-from pipelines.compare.claims.length_measures import length_axis
-from pipelines.compare.claims.length_measures import length_eval_figure
-from pipelines.compare.claims.length_measures import multiple_rows
-from pipelines.compare.claims.length_measures import pair_weights
-from pipelines.compare.claims.length_measures import points
-from pipelines.compare.claims.length_measures import table
-from pipelines.compare.claims.length_measures import theory_half
+from pipelines.compare.claims import length_measures
 from pipelines.compare.claims.learning import GAP
 from pipelines.compare.measure import document_arms
 from pipelines.engine.presets import ARMS
@@ -48,11 +33,14 @@ LENGTH_AWARE = "ssmax"
 REFERENCE = PAIR[0]
 # Their scale modes, the keys of the init curves.
 _REFERENCE_MODE, _AWARE_MODE = ARMS[REFERENCE].mode, ARMS[LENGTH_AWARE].mode
+_INIT_PANELS = (("relevant_weight", "relevant key's weight"),
+                ("entropy_normalized", "normalized entropy"),
+                ("max_weight", "max weight"))
 
 
 def _trained_rows(plan, results, axis, evaluated):
-    """Per value of the length axis: per arm the final accuracies and, for
-    recall, the query's weight on its pair at the trained length."""
+    """Per trained length, per arm: the final accuracies and, on recall,
+    the query's weight on its pair."""
     key_dim = plan.trained_axis("key_dim")[-1]
     rows = []
     for length in plan.trained_axis(axis):
@@ -61,11 +49,11 @@ def _trained_rows(plan, results, axis, evaluated):
             records = [r for r in results["runs"] if r["arm"] == arm
                        and r["key_dim"] == key_dim and r.get(axis) == length
                        and plan.in_slice(r, free=axis)]
-            weight = pair_weights(evaluated, arm, length, 1)[0]
-            arms[arm] = {"final_accuracy": [r["final_accuracy"]
-                                            for r in records],
-                         "mean": mean_sd([r["final_accuracy"]
-                                          for r in records])[0],
+            accuracy = [r["final_accuracy"] for r in records]
+            weight = length_measures.pair_weights(evaluated, arm, length,
+                                                  1)[0]
+            arms[arm] = {"final_accuracy": accuracy,
+                         "mean": mean_sd(accuracy)[0],
                          "steps": [r["steps_to_target"] for r in records],
                          "relevant_weight": weight,
                          "relevant_weight_mean": mean_sd(weight)[0]}
@@ -92,26 +80,22 @@ def _fades(rows, get):
 
 def length_claim(plan, results, curves, evaluated, axis):
     """Claim 5 from the init curves, the trained runs along `axis` (or
-    None) and the records of the recall runs evaluated at lengths
-    (`extrapolate.extrapolation`).
-
-    The trained part is decided on the query's weight on its pair where
-    every length has it (recall), else on the final accuracy (`"basis"`).
-
-    Returns:
-        `{"holds", "key_dim", "init": {..., "curves"}, "trained": {...},
-        "extrapolation": {..., "records"}}`, each part with its rows and
-        `"fades"` (None where it did not run).
-    """
+    None) and the records of `length_measures.extrapolation`: `{"holds",
+    "key_dim", "init", "trained", "extrapolation"}`, each part with
+    `"fades"` (None where it did not run). The trained part is decided on
+    the query's weight on its pair where every length has it (recall),
+    else on the final accuracy (`"basis"`)."""
     sqrt = curves["modes"][_REFERENCE_MODE]
     init_fall = sqrt["relevant_weight"][0] - sqrt["relevant_weight"][-1]
     init = {"fades": init_fall >= GAP, "relevant_weight_fall": init_fall,
-            "half_weight_n": half_point(sqrt),
-            "half_weight_n_ssmax": half_point(curves["modes"][_AWARE_MODE]),
-            "theory_half_weight_n": theory_half(curves["key_dim"]),
+            "half_weight_n": length_measures.half_point(sqrt),
+            "half_weight_n_ssmax": length_measures.half_point(
+                curves["modes"][_AWARE_MODE]),
+            "theory_half_weight_n": length_measures.theory_half(
+                curves["key_dim"]),
             "curves": curves}
-    trained_rows = _trained_rows(plan, results, axis, evaluated) if axis \
-        else []
+    trained_rows = (_trained_rows(plan, results, axis, evaluated) if axis
+                    else [])
     basis = ("relevant_weight" if trained_rows and all(
         row["arms"].get(REFERENCE, {}).get("relevant_weight")
         for row in trained_rows) else "accuracy")
@@ -122,7 +106,7 @@ def length_claim(plan, results, curves, evaluated, axis):
                "scaled_fall": fall, "ssmax_fall": aware, "fades": fades,
                "scaled_accuracy_fall": accuracy[0],
                "ssmax_accuracy_fall": accuracy[1]}
-    rows = multiple_rows(plan, evaluated)
+    rows = length_measures.multiple_rows(plan, evaluated)
     fall, aware, fades = _fades(rows, lambda arm: arm["relevant_weight_mean"])
     accuracy = _fades(rows, lambda arm: arm["accuracy_mean"])
     extrapolation = {"rows": rows, "scaled_weight_fall": fall,
@@ -138,8 +122,15 @@ def length_claim(plan, results, curves, evaluated, axis):
             "trained": trained, "extrapolation": extrapolation}
 
 
+def _series(rows, key):
+    """`arm a → b; arm ...`: `key` of each arm over the rows."""
+    return "; ".join(
+        f"{arm} " + " → ".join(fmt(row["arms"][arm][key], 2) for row in rows)
+        for arm in rows[0]["arms"])
+
+
 def length_verdict(claim):
-    """`(lines, holds)`: the verdict on claim 5 in words."""
+    """`(lines, holds)`: claim 5 in words."""
     curves = claim["init"]["curves"]
     init, sqrt = claim["init"], curves["modes"][_REFERENCE_MODE]
     n = sqrt["num_keys"]
@@ -165,39 +156,26 @@ def length_verdict(claim):
     ]
     trained = claim["trained"]
     if trained["rows"]:
-        first, last = trained["rows"][0], trained["rows"][-1]
-        axis = trained["axis"]
+        rows, axis = trained["rows"], trained["axis"]
+        weights = trained["basis"] == "relevant_weight"
         lines.append(
-            f"Trained at {axis} "
-            + ", ".join(str(row[axis]) for row in trained["rows"])
-            + ": final accuracy " + "; ".join(
-                f"{arm} " + " → ".join(fmt(row["arms"][arm]["mean"], 2)
-                                       for row in trained["rows"])
-                for arm in first["arms"])
+            f"Trained at {axis} " + ", ".join(str(row[axis]) for row in rows)
+            + ": final accuracy " + _series(rows, "mean")
             + (". The query's weight on its pair at the trained length: "
-               + "; ".join(f"{arm} " + " → ".join(
-                   fmt(row["arms"][arm]["relevant_weight_mean"], 2)
-                   for row in trained["rows"]) for arm in first["arms"])
-               if trained["basis"] == "relevant_weight" else "")
+               + _series(rows, "relevant_weight_mean") if weights else "")
             + ". " + _fade_words(trained["fades"], trained["scaled_fall"],
                                  trained["ssmax_fall"],
-                                 "relevant weight" if trained["basis"]
-                                 == "relevant_weight" else "accuracy",
-                                 f"{first[axis]} to {last[axis]}"))
+                                 "relevant weight" if weights else "accuracy",
+                                 f"{rows[0][axis]} to {rows[-1][axis]}"))
     extrapolation = claim["extrapolation"]
     if extrapolation["rows"]:
         rows = extrapolation["rows"]
         lines.append(
             "Trained at one length, evaluated at "
             + ", ".join(f"{row['multiple']}×" for row in rows)
-            + ": the query's weight on its pair " + "; ".join(
-                f"{arm} " + " → ".join(
-                    fmt(row["arms"][arm]["relevant_weight_mean"], 2)
-                    for row in rows) for arm in rows[0]["arms"])
-            + "; accuracy " + "; ".join(
-                f"{arm} " + " → ".join(fmt(row["arms"][arm]["accuracy_mean"],
-                                           2) for row in rows)
-                for arm in rows[0]["arms"])
+            + ": the query's weight on its pair "
+            + _series(rows, "relevant_weight_mean")
+            + "; accuracy " + _series(rows, "accuracy_mean")
             + ". " + _fade_words(extrapolation["fades"],
                                  extrapolation["scaled_weight_fall"],
                                  extrapolation["ssmax_weight_fall"],
@@ -233,19 +211,14 @@ def _fade_words(fades, scaled, aware, what, span):
                    ": no fading specific to the 1/√d_k scale here.")
 
 
-# -------------------------------------------------------------- section
 def section(plan, claim, results):
-    """The report's lines on claim 5: the init curves, the trained lengths
-    and the extrapolation."""
     curves = claim["init"]["curves"]
-    modes = list(curves["modes"])
+    by_mode = curves["modes"]
+    modes = list(by_mode)
     lines = [f"## Claim 5: sequence length (init at d_k {curves['key_dim']}, "
              f"{curves['trials']} queries per n; ssmax's s_h at 1/log "
              f"{curves['reference_length']}; measured (theory))", ""]
-    for statistic, title in (("relevant_weight", "relevant key's weight"),
-                             ("entropy_normalized", "normalized entropy"),
-                             ("max_weight", "max weight")):
-        by_mode = curves["modes"]
+    for statistic, title in _INIT_PANELS:
         rows = [[str(n)] + [
             f"{by_mode[m][statistic][i]:.3f} "
             f"({by_mode[m]['theory'][statistic][i]:.3f})" for m in modes]
@@ -256,16 +229,15 @@ def section(plan, claim, results):
     if trained["rows"]:
         axis, arms = trained["axis"], list(plan.arms)
         weights = trained["basis"] == "relevant_weight"
-        rows = []
-        for row in trained["rows"]:
-            values = row["arms"]
-            rows.append(
-                [str(row[axis])]
-                + [fmt_mean_sd(values[arm]["final_accuracy"]) for arm in arms]
-                + [fmt_steps([{"steps_to_target": steps} for steps
-                              in values[arm]["steps"]]) for arm in arms]
-                + ([fmt_mean_sd(values[arm]["relevant_weight"])
-                    for arm in arms] if weights else []))
+        rows = [
+            [str(row[axis])]
+            + [fmt_mean_sd(row["arms"][arm]["final_accuracy"])
+               for arm in arms]
+            + [fmt_steps([{"steps_to_target": steps} for steps
+                          in row["arms"][arm]["steps"]]) for arm in arms]
+            + ([fmt_mean_sd(row["arms"][arm]["relevant_weight"])
+                for arm in arms] if weights else [])
+            for row in trained["rows"]]
         lines += [f"Trained at each {axis} (final held-out accuracy, mean ± "
                   "sd over seeds; steps to target"
                   + ("; the query's weight on its pair" if weights else "")
@@ -274,28 +246,40 @@ def section(plan, claim, results):
                       [axis, *arms, *(f"steps {a}" for a in arms),
                        *((f"weight {a}" for a in arms) if weights else ())],
                       rows), ""]
-    lines += table(plan, claim["extrapolation"]["rows"])
+    rows = claim["extrapolation"]["rows"]
+    if rows:
+        arms = list(plan.arms)
+        cells = [[f"{row['eval_pairs']} ({row['multiple']}×)"] + [
+            fmt_mean_sd(row["arms"][arm]["accuracy"]) for arm in arms] + [
+            fmt_mean_sd(row["arms"][arm]["relevant_weight"]) for arm in arms]
+            for row in rows]
+        lines += ["Trained at the shortest length, evaluated held-out at "
+                  "longer ones (position table tiled; accuracy, then the "
+                  "query's weight on its pair):", "",
+                  *markdown_table(["pairs", *(f"accuracy {a}" for a in arms),
+                                   *(f"weight {a}" for a in arms)], cells),
+                  ""]
     return lines
 
 
-# ------------------------------------------------------------ interface
 def applies(plan):
-    """With a length axis (`num_pairs`, `seq_len`) or `length_multiples`."""
-    return bool(length_axis(plan) or plan.options.get("length_multiples"))
+    return bool(length_measures.length_axis(plan)
+                or plan.options.get("length_multiples"))
 
 
 def measure(plan, results, log=print):
-    """Claim 5: the init curves at the largest d_k (ssmax's s_h from the
-    shortest trained length), the trained lengths and the recall runs read
-    at multiples of theirs."""
-    axis = length_axis(plan)
+    """Claim 5 with the init curves at the largest d_k, ssmax's s_h set
+    for the shortest trained length."""
+    axis = length_measures.length_axis(plan)
     key_dims = plan.trained_axis("key_dim") or plan.axis("key_dim")
     shortest = plan.base if axis is None else plan.base.replace(
         **{axis: plan.trained_axis(axis)[0]})
-    curves = init_curves(key_dims[-1], build_task(shortest).seq_len)
+    curves = length_measures.init_curves(key_dims[-1],
+                                         build_task(shortest).seq_len)
     log(f"length: init curves at d_k {key_dims[-1]} for "
         f"{', '.join(curves['modes'])}")
-    records = extrapolation(plan, evaluated_runs(plan), log)
+    records = length_measures.extrapolation(
+        plan, length_measures.evaluated_runs(plan), log)
     return length_claim(plan, results, curves, records, axis)
 
 
@@ -311,20 +295,28 @@ def verdict(plan, claim, results):
     return length_verdict(claim)
 
 
-_INIT_PANELS = (("relevant_weight", "relevant key's weight"),
-                ("entropy_normalized", "normalized entropy"),
-                ("max_weight", "max weight"))
+def _claim(document):
+    return (document.get("claims") or {}).get(NUMBER) or {}
 
 
-def length_init_figure(document):
-    """The init curves against n, per mode, with the theory."""
-    claim = (document.get("claims") or {}).get(NUMBER)
+def _arms_panel(ax, document, rows, key, x, xlabel, title, subtitle):
+    """`key` of each arm against `x` over the rows."""
+    xs = [row[x] for row in rows]
+    series_panel(ax, [
+        (arm, arm, xs, [row["arms"][arm][key] for row in rows], None)
+        for arm in document_arms(document, rows[0]["arms"])], spread="none")
+    log2_axis(ax, xs, xlabel)
+    finish_panel(ax, title, subtitle, unit=True)
+
+
+def _init_figure(document):
+    claim = _claim(document)
     if not claim:
         return None
     curves = claim["init"]["curves"]
     figure, axes = new_figure(15, 4.0, 1, len(_INIT_PANELS))
     for ax, (name, title) in zip(axes[0], _INIT_PANELS):
-        for mode in map(lambda arm: ARMS[arm].mode, INIT_ARMS):
+        for mode in (ARMS[arm].mode for arm in length_measures.INIT_ARMS):
             curve = curves["modes"][mode]
             n = curve["num_keys"]
             ax.errorbar(n, curve[name], yerr=curve[f"{name}_sem"],
@@ -339,24 +331,28 @@ def length_init_figure(document):
     return figure
 
 
-def length_trained_figure(document):
-    """Final accuracy against the trained length, per arm."""
-    claim = (document.get("claims") or {}).get(NUMBER)
-    trained = (claim or {}).get("trained") or {}
+def _trained_figure(document):
+    trained = _claim(document).get("trained") or {}
     if not trained.get("rows"):
         return None
-    axis = trained["axis"]
     figure, axes = new_figure()
-    ax = axes[0][0]
-    lengths = [row[axis] for row in trained["rows"]]
-    series_panel(ax, [
-        (arm, arm, lengths, [row["arms"][arm]["mean"]
-                             for row in trained["rows"]], None)
-        for arm in document_arms(document, trained["rows"][0]["arms"])],
-        spread="none")
-    log2_axis(ax, lengths, axis)
-    finish_panel(ax, "final held-out accuracy", f"Trained at each {axis}",
-                 unit=True)
+    axis = trained["axis"]
+    _arms_panel(axes[0][0], document, trained["rows"], "mean", axis, axis,
+                "final held-out accuracy", f"Trained at each {axis}")
+    return figure
+
+
+def _eval_figure(document):
+    rows = (_claim(document).get("extrapolation") or {}).get("rows")
+    if not rows:
+        return None
+    figure, axes = new_figure(11, 4.0, 1, 2)
+    for ax, key, title in zip(axes[0], ("accuracy", "relevant_weight"),
+                              ("held-out accuracy", "query's weight on "
+                               "its pair")):
+        _arms_panel(ax, document, rows, f"{key}_mean", "eval_pairs",
+                    "evaluated pairs", title,
+                    f"Trained at {rows[0]['eval_pairs']} pairs")
     return figure
 
 
@@ -364,24 +360,22 @@ FIGURES = (
     ("length_init", "(h) At initialization, one relevant key among n: its "
      "weight, the normalized entropy and the max weight against n per scale "
      "mode, measured (± standard error) and the i.i.d. theory (dashed).",
-     length_init_figure),
+     _init_figure),
     ("length_trained", "(i) Final held-out accuracy against the trained "
-     "length, per arm.", length_trained_figure),
+     "length, per arm.", _trained_figure),
     ("length_eval", "(j) Trained at the shortest length, evaluated at "
      "multiples of it: accuracy and the query's weight on its pair.",
-     length_eval_figure),
+     _eval_figure),
 )
 
 
 def scalars(plan, claim, results):
-    """Over n keys at init (`init/` and `theory/` per mode), over the
-    trained length (final/accuracy) and over the evaluated pairs."""
     trained = claim["trained"]
     return {
         "length_init": [
             (f"{kind}/{name}/{mode}", values[i], n)
             for mode, curve in claim["init"]["curves"]["modes"].items()
-            for name in INIT_STATISTICS
+            for name in length_measures.INIT_STATISTICS
             for kind, values in (("init", curve[name]),
                                  ("theory", curve["theory"][name]))
             for i, n in enumerate(curve["num_keys"])],
@@ -389,5 +383,12 @@ def scalars(plan, claim, results):
                     row[trained["axis"]])
                    for row in trained["rows"]
                    for arm, values in row["arms"].items()],
-        "length_eval": points(claim["extrapolation"]["rows"]),
+        "length_eval": [
+            point for row in claim["extrapolation"]["rows"]
+            for arm, values in row["arms"].items()
+            for point in ((f"accuracy/{arm}", values["accuracy_mean"],
+                           row["eval_pairs"]),
+                          (f"relevant_weight/{arm}",
+                           values["relevant_weight_mean"],
+                           row["eval_pairs"]))],
     }

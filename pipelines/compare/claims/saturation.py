@@ -1,10 +1,9 @@
-"""Claim 2, "unscaled scores saturate the softmax, more so as d_k grows":
-the normalized entropy, max weight and saturated rows at init per d_k, and
-the probe example's attention drawn for both arms.
-"""
+"""Claim 2: the normalized entropy, max weight and saturated rows at init
+per d_k, and the probe example's attention drawn for both arms."""
 
 from keras_attention.viz import plot_attention_pair
 from pipelines.common import markdown_table
+from pipelines.compare.measure import document_arms
 from pipelines.compare.measure import has_pair
 from pipelines.compare.measure import init_points
 from pipelines.compare.measure import init_values
@@ -27,8 +26,8 @@ def applies(plan):
 
 
 def saturation_claim(plan, results):
-    """Claim 2 from the results of the slice: unscaled attention is more
-    peaked (lower entropy) at init, and more so as d_k grows."""
+    """Claim 2 from the slice's results: unscaled attention is more peaked
+    (lower entropy) at init, and more so as d_k grows."""
     if not has_pair(plan):
         return {"holds": None, "unscaled_lower": None,
                 "unscaled_falling_with_key_dim": None, "entropy": []}
@@ -105,8 +104,7 @@ def section(plan, claim, results):
          for r in claim["entropy"]]), ""]
 
 
-def init_entropy_figure(document):
-    """(b) Normalized entropy at init against d_k, per arm."""
+def _init_entropy_figure(document):
     drawn = arms_over_key_dim(document["figures"]["init_entropy"])
     if drawn is None:
         return None
@@ -117,22 +115,16 @@ def init_entropy_figure(document):
     return figure
 
 
-def attention_entries(document, stage):
-    """The `"heatmaps"` entries figure (e) draws at `stage`: the pair's (or
-    the first two arms') entries with weights, in that order."""
+def _attention_figure(document, stage):
+    """The probe example's attention at `stage`: the pair (else the first
+    two arms with weights) and their difference."""
     entries = {item["arm"]: item for item in document.get("heatmaps") or []
                if item["stage"] == stage and "weights" in item}
-    arms = list(PAIR) if all(a in entries for a in PAIR) else [
-        arm for arm in document["arms"] if arm in entries][:2]
-    return [entries[arm] for arm in arms] if len(arms) == 2 else []
-
-
-def attention_figure(document, stage):
-    """(e) The probe example's attention, two arms and their difference."""
-    entries = attention_entries(document, stage)
-    if not entries:
+    arms = list(PAIR) if all(a in entries for a in PAIR) else (
+        document_arms(document, entries)[:2])
+    if len(arms) != 2:
         return None
-    first, second = entries
+    first, second = (entries[arm] for arm in arms)
     when = "at init" if stage == "init" else "at the end of training"
     return plot_attention_pair(
         first["weights"], second["weights"], first["labels"],
@@ -143,18 +135,16 @@ def attention_figure(document, stage):
 
 FIGURES = (
     ("init_entropy", "(b) Normalized softmax entropy at initialization "
-     "against d_k (log-2 axis), mean ± sd over seeds.", init_entropy_figure),
+     "against d_k (log-2 axis), mean ± sd over seeds.", _init_entropy_figure),
     ("attention_init", "(e) Attention of one probe example at "
      "initialization: both arms and their difference (queries down, keys "
-     "across).", lambda document: attention_figure(document, "init")),
+     "across).", lambda document: _attention_figure(document, "init")),
     ("attention_final", "(e) The same probe example at the end of "
-     "training.", lambda document: attention_figure(document, "final")),
+     "training.", lambda document: _attention_figure(document, "final")),
 )
 
 
 def scalars(plan, claim, results):
-    """Normalized entropy and saturated rows at init over d_k (step =
-    d_k), a tag per arm."""
     return {"claims": init_points(sliced(plan, results),
                                   ("entropy_normalized",
                                    "saturated_fraction"))}

@@ -1,8 +1,5 @@
-"""Claim 1, "Var(q·k) = d_k for unit-variance q, k; 1/√d_k brings it to
-1": the variance table of random q, k (`pipelines.variance`) against
-theory, and in the model at init the unscaled/scaled score std against
-√d_k.
-"""
+"""Claim 1: the variance of random q·k against theory (`pipelines.variance`)
+and the model's unscaled/scaled score std at init against √d_k."""
 
 import math
 
@@ -34,7 +31,7 @@ def applies(plan):
 
 
 def variance_claim(plan, results, variance_rows):
-    """Claim 1 from the results of the slice and the variance rows."""
+    """Claim 1 from the slice's results and the variance rows."""
     variance_ok = [
         abs(row["var_unscaled"] / row["theory_unscaled"] - 1)
         <= STANDARD_ERRORS * row["relative_standard_error"]
@@ -143,9 +140,7 @@ def section(plan, claim, results):
     return lines
 
 
-def score_std_figure(document):
-    """(c) Score std at init against d_k, with the √d_k line (unscaled
-    theory) and the 1 line (scaled theory)."""
+def _score_std_figure(document):
     drawn = arms_over_key_dim(document["figures"]["score_std"])
     if drawn is None:
         return None
@@ -164,11 +159,10 @@ def score_std_figure(document):
 FIGURES = (
     ("score_std", "(c) Standard deviation of the attention scores at "
      "initialization against d_k, with the √d_k line (unscaled theory) and "
-     "1 (scaled theory).", score_std_figure),
+     "1 (scaled theory).", _score_std_figure),
 )
 
 
 def scalars(plan, claim, results):
-    """The score std at init over d_k (step = d_k), a tag per arm."""
     return {"claims": init_points(sliced(plan, results), ("score_std",))}
 
