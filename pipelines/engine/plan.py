@@ -64,8 +64,6 @@ class Grid:
         trained: `{setting: [values]}`: a run whose value of the setting is
             not listed is measured at init only.
         jobs: runs trained at once (worker processes when > 1).
-        shard: which share of the trained runs this process trains.
-        options: the report's own options (`variance_samples`, ...).
         order: the order the runs are listed in (axis names and `"arm"`,
             outermost first); default: the axes, then the arm.
     """

@@ -23,13 +23,12 @@ class Progress:
         steps: `{run name: steps to train}` of the runs to train now.
         total: how many trained runs the grid has (with those already done).
         log: receives the finished-run lines.
-        stream: where the status line goes (default: stdout, the command's
-            normal output; stderr is kept for errors).
+        stream: where the status line goes (default: stdout; stderr is
+            kept for errors).
         every_s: seconds between status lines off a terminal.
-        builds: the names of the runs that build and compile anew (the
-            first of each shape); default: the first run only.
-        workers: how many processes train side by side (they share the
-            builds to come).
+        builds: the runs that build and compile anew (the first of each
+            shape); default: the first run only.
+        workers: processes training side by side (sharing the builds).
     """
 
     def __init__(self, steps, total, log=print, stream=None, every_s=30.0,

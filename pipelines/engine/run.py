@@ -51,8 +51,8 @@ def check_grid(grid):
 
 
 def is_complete(run):
-    """Whether the run has finished all its steps (or stopped on a
-    non-finite loss, which training again would only repeat)."""
+    """Whether the run finished its steps (or stopped on a non-finite loss,
+    which training again would only repeat)."""
     return completed_metrics(run.config) is not None
 
 
@@ -98,16 +98,9 @@ def _report(grid, report, timing, log):
 
 
 def run_grid(grid, report, log=print):
-    """Trains the grid's missing runs (this shard's) and writes its report.
-
-    Args:
-        grid: a checked `Grid` (`plan_grid`, `check_runs`).
-        report: `report(grid, missing, timing, log)` writes the documents
-            of the finished runs and returns the main one.
-
-    Returns:
-        What `report` returned, or None while other shards' runs are not
-        finished.
+    """Trains the checked `grid`'s missing runs (this shard's), then returns
+    what `report(grid, missing, timing, log)` returns (None while other
+    shards' runs are not finished).
 
     Raises:
         RunDirectoryBusy: another process holds the grid's root (a whole
