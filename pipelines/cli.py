@@ -1,20 +1,10 @@
-"""The `keras-attention` command line.
+"""The `keras-attention` command line (floor 4): `train`, `compare`,
+`sweep`, `variance`, `export`, each a pipeline module with
+`add_arguments(parser)` and `run(args)`.
 
-    keras-attention train     train a toy model with attention diagnostics
-    keras-attention compare   scaled vs unscaled attention, side by side
-    keras-attention sweep     the scale against a grid of learning rates
-    keras-attention variance  the variance of q.k, measured against theory
-    keras-attention export    export a trained run (SavedModel, .keras, TFLite)
-
-Each subcommand lives in its own pipeline module, which provides
-`add_arguments(parser)` and `run(args)`. Bad flags or values exit with status
-2 and one line on stderr, before any work starts; an environment failure (a
-full disk, an unwritable file, no Keras backend installed) exits 1 with one
-line. Without `--backend`, `KERAS_BACKEND` or a backend in Keras's
-`keras.json`, Keras runs on TensorFlow, else on JAX, else on torch (one
-line on stderr says so; `keras_attention.backend_choice`). This is floor 4,
-the top: it may import every pipeline, and nothing imports it but
-`__main__`.
+Bad flags or values exit 2 with one line on stderr, before any work starts;
+an environment failure (a full disk, no Keras backend installed) exits 1
+with one line.
 """
 
 import argparse
@@ -26,18 +16,16 @@ from pipelines.backends import backend_from_argv
 
 
 def _choose_backend(argv):
-    """Sets `KERAS_BACKEND` from `--backend` before Keras is imported: Keras
-    reads it once, at import."""
+    """Sets `KERAS_BACKEND` from `--backend`: Keras reads it once, at
+    import."""
     backend = backend_from_argv(argv)
     if backend is not None:
         os.environ["KERAS_BACKEND"] = backend
 
 
 def _exit_unless_keras_can_start(argv):
-    """Exits with one line on stderr when no installed backend can run
-    Keras: status 2 when `--backend` names one that is not installed (as
-    for any flag the machine cannot honour), 1 when the environment
-    (`KERAS_BACKEND`, `keras.json`, no backend installed at all) is at
+    """Exits with one line when no installed backend can run Keras: 2 when
+    `--backend` names one not installed, 1 when the environment is at
     fault."""
     flag = backend_from_argv(argv)
     if flag is not None and not backend_choice.installed(flag):
@@ -51,14 +39,10 @@ def _exit_unless_keras_can_start(argv):
 
 
 def _import_keras_quietly():
-    """Imports Keras and its backend, and lets the backend find its devices,
-    with stderr muted.
-
-    The frameworks' C++ start-up lines (absl pre-init warnings, CUDA probes
-    on machines without a GPU) are printed to the process's stderr before
-    any logging setting applies; a command line's errors should be the only
-    lines there. Python exceptions still surface: they print after the
-    descriptor is restored. Set KERAS_ATTENTION_TF_LOGS=1 to see them.
+    """Imports Keras and its backend, and lets it find its devices, with
+    stderr muted: the frameworks' C++ start-up lines (absl warnings, CUDA
+    probes) reach fd 2 before any logging setting applies. Python
+    exceptions still surface. KERAS_ATTENTION_TF_LOGS=1 shows the lines.
     """
     if os.environ.get("KERAS_ATTENTION_TF_LOGS") == "1":
         return
@@ -87,9 +71,8 @@ def _import_keras_quietly():
 # fixed at import, and the backend's start-up lines would reach stderr.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _choose_backend(sys.argv[1:])
-# After --backend is applied: importing the package takes JAX, else torch,
-# when nothing names a backend and TensorFlow, Keras's default, is not
-# installed, and says so in one line (`backend_choice`, no Keras imported).
+# After --backend: without TensorFlow and a named backend, importing the
+# package takes JAX, else torch, and says so in one line.
 from keras_attention import backend_choice  # noqa: E402
 
 _exit_unless_keras_can_start(sys.argv[1:])
@@ -104,30 +87,22 @@ from pipelines.common import EnvironmentFailure  # noqa: E402
 from pipelines.common import OneLineErrorParser  # noqa: E402
 from pipelines.common import UsageError  # noqa: E402
 
-COMMANDS = {
-    "train": train,
-    "compare": compare,
-    "sweep": sweep,
-    "variance": variance,
-    "export": export,
-}
+COMMANDS = {"train": train, "compare": compare, "sweep": sweep,
+            "variance": variance, "export": export}
 
 
 def build_parser():
     parser = OneLineErrorParser(
         prog="keras-attention",
-        description="Scaled dot-product attention: train, compare, export.",
-    )
+        description="Scaled dot-product attention: train, compare, export.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, module in COMMANDS.items():
         summary = (module.__doc__ or "").strip().splitlines()[0:1]
         subparser = subparsers.add_parser(
-            name,
-            help=summary[0] if summary else None,
+            name, help=summary[0] if summary else None,
             description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(subparser)
         subparser.set_defaults(run=module.run)
     return parser
@@ -143,13 +118,11 @@ def main(argv=None):
         return exit.code
     try:
         status = args.run(args)
-    except UsageError as error:
-        print(f"keras-attention {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except EnvironmentFailure as error:
-        # A full disk or a busy machine: one line, no traceback.
-        print(f"keras-attention {args.command}: error: {error}", file=sys.stderr)
-        return 1
+    except (UsageError, EnvironmentFailure) as error:
+        # A bad value (2), or a full disk or a busy machine (1): one line.
+        print(f"keras-attention {args.command}: error: {error}",
+              file=sys.stderr)
+        return 2 if isinstance(error, UsageError) else 1
     return 0 if status is None else int(status)
 
 

@@ -34,36 +34,20 @@ _CHUNK_ELEMENTS = 1 << 22
 
 
 def variance_standard_error(key_dim, num_samples):
-    """Standard error of the sample variance of q.k, relative to d_k.
+    """The standard error of the sample variance of q.k over `num_samples`
+    pairs, relative to d_k (scaled or not): `sqrt((2 + 6 / d_k) / n)`.
 
-    For unit-normal q and k, q.k is a sum of d_k independent products with
-    variance 1 and fourth moment 9, so its fourth central moment is
-    `3 d_k^2 + 6 d_k` and the sample variance of n draws has variance
-    `(2 d_k^2 + 6 d_k) / n` (to first order in 1/n). The same relative error
-    holds after scaling.
-
-    Args:
-        key_dim: d_k.
-        num_samples: number of (q, k) pairs.
-
-    Returns:
-        The relative standard error `sqrt((2 + 6 / d_k) / n)`.
+    q.k is a sum of d_k independent products of variance 1 and fourth
+    moment 9, so its fourth central moment is `3 d_k^2 + 6 d_k` and the
+    sample variance of n draws has variance `(2 d_k^2 + 6 d_k) / n` (to
+    first order in 1/n).
     """
     return math.sqrt((2.0 + 6.0 / key_dim) / num_samples)
 
 
 def sample_scores(key_dim, num_samples, seed=0):
-    """Unscaled and scaled scores of unit-normal random (q, k) pairs.
-
-    Args:
-        key_dim: d_k, the number of components of q and k.
-        num_samples: number of independent pairs.
-        seed: seed of the draw.
-
-    Returns:
-        Two float64 arrays of shape `(num_samples,)`: `q.k` and
-        `q.k / sqrt(d_k)`, both computed by
-        `keras_attention.ops.attention_scores`.
+    """`q.k` and `q.k / sqrt(d_k)` (float64, `(num_samples,)`) of random
+    unit-normal pairs, computed by `keras_attention.ops.attention_scores`.
     """
     rng = np.random.default_rng([seed, key_dim])
     scale = resolve_scale("sqrt", key_dim)
@@ -85,15 +69,12 @@ def variance_table(key_dims=DEFAULT_KEY_DIMS, num_samples=DEFAULT_SAMPLES,
     """Empirical and theoretical Var(q.k), unscaled and scaled, per d_k.
 
     Args:
-        key_dims: the values of d_k.
-        num_samples: number of random (q, k) pairs per d_k (at least 2).
-        seed: seed of the draws.
+        num_samples: random (q, k) pairs per d_k (at least 2).
 
     Returns:
-        A list of dicts, one per d_k, with `key_dim`, `samples`,
-        `var_unscaled`, `theory_unscaled` (= d_k), `var_scaled`,
-        `theory_scaled` (= 1), `std_unscaled`, `std_scaled` and
-        `relative_standard_error` (see `variance_standard_error`).
+        One dict per d_k: `key_dim`, `samples`, `var_unscaled`,
+        `theory_unscaled` (= d_k), `var_scaled`, `theory_scaled` (= 1),
+        `std_unscaled`, `std_scaled`, `relative_standard_error`.
 
     Example:
 
@@ -102,30 +83,23 @@ def variance_table(key_dims=DEFAULT_KEY_DIMS, num_samples=DEFAULT_SAMPLES,
     1.0
     """
     key_dims = _check_key_dims(key_dims)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or (
-        num_samples < 2
-    ):
+    if (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+            or num_samples < 2):
         raise ValueError(
-            f"`num_samples` must be an integer >= 2; received {num_samples!r}."
-        )
+            f"`num_samples` must be an integer >= 2; received {num_samples!r}.")
     rows = []
     for key_dim in key_dims:
         unscaled, scaled = sample_scores(key_dim, num_samples, seed)
-        rows.append(
-            {
-                "key_dim": key_dim,
-                "samples": num_samples,
-                "var_unscaled": float(np.var(unscaled, ddof=1)),
-                "theory_unscaled": float(key_dim),
-                "var_scaled": float(np.var(scaled, ddof=1)),
-                "theory_scaled": 1.0,
-                "std_unscaled": float(np.std(unscaled, ddof=1)),
-                "std_scaled": float(np.std(scaled, ddof=1)),
-                "relative_standard_error": variance_standard_error(
-                    key_dim, num_samples
-                ),
-            }
-        )
+        rows.append({
+            "key_dim": key_dim, "samples": num_samples,
+            "var_unscaled": float(np.var(unscaled, ddof=1)),
+            "theory_unscaled": float(key_dim),
+            "var_scaled": float(np.var(scaled, ddof=1)),
+            "theory_scaled": 1.0,
+            "std_unscaled": float(np.std(unscaled, ddof=1)),
+            "std_scaled": float(np.std(scaled, ddof=1)),
+            "relative_standard_error": variance_standard_error(
+                key_dim, num_samples)})
     return rows
 
 
@@ -134,50 +108,32 @@ def variance_markdown(rows):
     return markdown_table(
         ["d_k", "Var(q·k) measured", "theory (d_k)", "Var(q·k/√d_k) measured",
          "theory", "std q·k", "√d_k", "rel. std. error"],
-        [
-            [
-                str(row["key_dim"]),
-                f"{row['var_unscaled']:.2f}",
-                f"{row['theory_unscaled']:.0f}",
-                f"{row['var_scaled']:.4f}",
-                f"{row['theory_scaled']:.0f}",
-                f"{row['std_unscaled']:.2f}",
-                f"{math.sqrt(row['key_dim']):.2f}",
-                f"{row['relative_standard_error']:.2%}",
-            ]
-            for row in rows
-        ],
-    )
+        [[str(row["key_dim"]), f"{row['var_unscaled']:.2f}",
+          f"{row['theory_unscaled']:.0f}", f"{row['var_scaled']:.4f}",
+          f"{row['theory_scaled']:.0f}", f"{row['std_unscaled']:.2f}",
+          f"{math.sqrt(row['key_dim']):.2f}",
+          f"{row['relative_standard_error']:.2%}"] for row in rows])
 
 
 def _check_key_dims(key_dims):
     key_dims = list(key_dims)
-    if not key_dims or any(
-        isinstance(d, bool) or not isinstance(d, int) or d < 1
-        for d in key_dims
-    ):
+    if not key_dims or any(isinstance(d, bool) or not isinstance(d, int)
+                           or d < 1 for d in key_dims):
         raise ValueError(
             f"`key_dims` must be a non-empty list of positive integers; "
-            f"received {key_dims!r}."
-        )
+            f"received {key_dims!r}.")
     return key_dims
 
 
 # ---------------------------------------------------------- command line
 def add_arguments(parser):
     """Adds the `variance` flags to an `argparse` parser."""
-    parser.add_argument(
-        "--key-dims",
-        default=",".join(str(d) for d in DEFAULT_KEY_DIMS),
-        metavar="D1,D2,...",
-        help="values of d_k (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--samples",
-        default=str(DEFAULT_SAMPLES),
-        metavar="N",
-        help="random (q, k) pairs per d_k (default: %(default)s)",
-    )
+    parser.add_argument("--key-dims", metavar="D1,D2,...",
+                        default=",".join(str(d) for d in DEFAULT_KEY_DIMS),
+                        help="values of d_k (default: %(default)s)")
+    parser.add_argument("--samples", default=str(DEFAULT_SAMPLES),
+                        metavar="N", help="random (q, k) pairs per d_k "
+                        "(default: %(default)s)")
     parser.add_argument("--seed", default="0", metavar="S",
                         help="seed of the draws (default: 0)")
     parser.add_argument("--output", metavar="FILE",
@@ -193,8 +149,7 @@ def _check_output(path):
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(
             f"--output {path}: its folder {folder} does not exist or is not "
-            "writable"
-        )
+            "writable")
 
 
 def run(args):
@@ -206,8 +161,7 @@ def run(args):
     except ValueError:
         raise UsageError(
             f"--samples and --seed must be integers; got {args.samples!r}, "
-            f"{args.seed!r}"
-        ) from None
+            f"{args.seed!r}") from None
     if samples < 2:
         raise UsageError(f"--samples must be at least 2; got {samples}")
     if seed < 0:
@@ -215,10 +169,8 @@ def run(args):
     if args.output:
         _check_output(args.output)  # Now, not after the computation.
     rows = variance_table(key_dims, samples, seed)
-    print(
-        "Var(q·k) for q, k with independent N(0, 1) components "
-        f"({samples} pairs per d_k):"
-    )
+    print("Var(q·k) for q, k with independent N(0, 1) components "
+          f"({samples} pairs per d_k):")
     print("\n".join(variance_markdown(rows)))
     if args.output:
         write_json_atomic(args.output, {"rows": rows})

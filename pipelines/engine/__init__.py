@@ -1,19 +1,11 @@
-"""The experiment engine (floor 3, pipelines): one way to plan, train,
-resume, shard and collect a grid of training runs, for every command that
-trains many runs (`compare`, `sweep`).
+"""The experiment engine: plans, trains, resumes and shards the grid of
+runs of `compare` and `sweep` (axes over `train` settings, arms, seeds),
+whose reports are functions over the finished runs.
 
-A grid is the product of axes over `train` settings (every setting given as
-a list: `--key-dims`, `--learning-rates`, `--num-layers`, ...), named arms
-that set several settings at once, and seeds. Runs that differ only by arm
-share data and initial weights. Its modules, each importing only those
-before it: presets (arms and ready-made grids, over the task defaults),
-shards, plan (`Grid`, `Run`), reuse (compiled steps kept across runs),
-progress, runner (worker processes), flags (the grid flags and
-`plan_grid`), run (`run_grid`: train, then the report under the root's
-lock). A report (`pipelines.compare`, `pipelines.sweep`) is a function
-over the finished runs. They import keras_attention and the pipelines below
-them (common, config, flags, builders, steps, train, run_dir, locks,
-tensorboard), never a report or pipelines.cli.
+Modules, each importing only those before it: presets, shards, plan
+(`Grid`, `Run`), reuse (compiled steps kept across runs), progress, runner
+(worker processes), identity (what a grid's folder holds), flags
+(`plan_grid`), run (`run_grid`). None imports a report or the command line.
 """
 
 from pipelines.engine.flags import add_grid_arguments

@@ -1,21 +1,16 @@
-"""The flags of every command that trains a grid (`compare`, `sweep`), and
-the plan they make.
+"""The flags of a command that trains a grid (`compare`, `sweep`), and the
+plan they make.
 
-Every `train` flag is accepted, and every one that can be an axis takes a
-comma-separated list: `--num-layers 1,2,4,8` trains each depth, `--key-dim
-256,1024` (or `--key-dims`) each d_k, `--learning-rate 1e-3,3e-3` (or
-`--learning-rates`) each rate. A single value is a plain setting of every
-run, except for an axis of the preset, which it replaces. `--arms` and
-`--seeds` give the other two axes; the settings the arms set per run
-(`--scale`, `--qk-norm`, `--arm`) and `--seed` are refused as flags.
-
-Settings are layered as for `train` (`pipelines.settings.resolve_config`),
-with the preset between the task defaults and the config file:
+Every `train` flag that can be an axis takes a list (`--num-layers 1,2,4`);
+a single value sets every run, or replaces a preset's axis. What the arms
+and `--seeds` set per run is refused as a flag. Settings are layered as for
+`train`, with the preset between the task defaults and the config file:
 
     dataclass defaults < TASK_DEFAULTS[task] < preset < --config < flags
 """
 
 import argparse
+import math
 import os
 import re
 
@@ -23,12 +18,6 @@ from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import parse_count
-from pipelines.settings import RUNTIME_FIELDS
-from pipelines.settings import SETTINGS
-from pipelines.settings import Layer
-from pipelines.settings import resolve_config
-from pipelines.settings import SEED_LIMIT
-from pipelines.settings import flag
 from pipelines.devices import check_memory
 from pipelines.engine.plan import Grid
 from pipelines.engine.presets import ARM_SETTINGS
@@ -36,10 +25,16 @@ from pipelines.engine.presets import ARMS
 from pipelines.engine.shards import resolve_shard
 from pipelines.flags import add_train_arguments
 from pipelines.flags import settings_from_args
+from pipelines.settings import RUNTIME_FIELDS
+from pipelines.settings import SEED_LIMIT
+from pipelines.settings import SETTINGS
+from pipelines.settings import Layer
+from pipelines.settings import flag
+from pipelines.settings import resolve_config
 from pipelines.settings import value_types
 
-# Settings that are never an axis: what the arms and `--seeds` set, what
-# names the grid, and how runs are executed and reported.
+# Never an axis: what the arms and `--seeds` set, what names the grid, how
+# runs are executed and reported.
 _NOT_AXES = set(RUNTIME_FIELDS) | {"task", "backend", "seed", *ARM_SETTINGS}
 # The plural spellings of the usual axes.
 PLURALS = {"key_dim": ("--key-dims",),
@@ -48,14 +43,12 @@ PLURALS = {"key_dim": ("--key-dims",),
 # A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
 # in a MemoryError building the list).
 MAX_SEEDS = 1000
-# The runs of one grid (the product of its axes' lengths and its arms):
-# more is a typo rather than an experiment (at a minute a run, 10000 runs
-# train a week on one machine), and planning and checking them takes time
-# and memory before anything starts (2000 runs in 0.17 s, measured).
+# More runs in one grid is a typo, not an experiment (at a minute a run, a
+# week on one machine); planning and checking them takes time before
+# anything starts (2000 runs in 0.17 s, measured).
 MAX_RUNS = 10000
 
-# The grid's own valued flags, read as text by `plan_grid`:
-# (flag, metavar, help).
+# The grid's own valued flags, read as text by `plan_grid`.
 _GRID_FLAGS = (
     ("--arms", "A1,A2,...", "arms, from: " + ", ".join(ARMS)),
     ("--seeds", "N|S1,S2,...", "number of seeds (0..N-1) or a list of seeds"),
@@ -85,14 +78,8 @@ def _list_of(convert):
 
 
 def add_grid_arguments(parser, presets, default, preset_help):
-    """Adds the grid flags and every `train` flag (axes as lists).
-
-    Args:
-        parser: an `argparse.ArgumentParser`.
-        presets: `{name: Preset}` of the command.
-        default: the default preset's name.
-        preset_help: the `--preset` help text.
-    """
+    """Adds the grid flags and every `train` flag (axes as lists) to
+    `parser`; `presets` is the command's `{name: Preset}`."""
     group = parser.add_argument_group("grid")
     group.add_argument("--preset", default=default,
                        metavar="{" + ",".join(presets) + "}", help=preset_help)
@@ -111,15 +98,13 @@ def add_grid_arguments(parser, presets, default, preset_help):
 
 
 def parse_arms(text):
-    """`"scaled,unscaled"` -> `["scaled", "unscaled"]`, or `UsageError`
-    listing the known arms."""
+    """`"scaled,unscaled"` -> `["scaled", "unscaled"]`, or `UsageError`."""
     arms = [part.strip() for part in str(text).split(",") if part.strip()]
     unknown = [arm for arm in arms if arm not in ARMS]
     if not arms or unknown:
         raise UsageError(
             f"--arms: unknown arm(s) {', '.join(unknown) or repr(text)}; "
-            f"known arms: {', '.join(ARMS)}"
-        )
+            f"known arms: {', '.join(ARMS)}")
     if len(set(arms)) != len(arms):
         raise UsageError(f"--arms lists an arm twice: {text!r}")
     return arms
@@ -137,8 +122,7 @@ def parse_seeds(text, flag_name="--seeds"):
                 or len(set(seeds)) != len(seeds)):
             raise UsageError(
                 f"{flag_name} must be a count or a list of distinct integers "
-                f"in [0, {SEED_LIMIT}]; got {text!r}"
-            )
+                f"in [0, {SEED_LIMIT}]; got {text!r}")
         return seeds
     try:
         count = int(text)
@@ -147,8 +131,7 @@ def parse_seeds(text, flag_name="--seeds"):
     if not 1 <= count <= MAX_SEEDS:
         raise UsageError(
             f"{flag_name} must be a count in [1, {MAX_SEEDS}] or a "
-            f"comma-separated list of seeds; got {text!r}"
-        )
+            f"comma-separated list of seeds; got {text!r}")
     return list(range(count))
 
 
@@ -169,10 +152,9 @@ def _sorted(values):
 
 
 def _axes(args, given, preset):
-    """The axes the flags and the preset give, in name order (the user's
-    own axes first, the preset's, then the seed), and the flags' settings:
-    of the values the flags `given` (`{setting: value}`), a list is an axis,
-    a single value a setting. Returns new values; `args` is left as is."""
+    """`(axes, the user's axis names, settings)` from the flags' values
+    `given`: a list is an axis, a single value a setting. Axes in order:
+    the user's own, the preset's, the seed."""
     user, flags = {}, dict(given)
     for name in SETTINGS:
         values = flags.get(name)
@@ -201,26 +183,19 @@ def axis_flag(name):
 
 
 def _check_size(axes, arms):
-    """Raises `UsageError` when the grid has more than `MAX_RUNS` runs."""
-    runs = len(arms)
-    for values in axes.values():
-        runs *= len(values)
+    runs = len(arms) * math.prod(len(values) for values in axes.values())
     if runs > MAX_RUNS:
         lengths = ", ".join(f"{axis_flag(name)} {len(values)}"
                             for name, values in axes.items())
         raise UsageError(
             f"the grid has {runs:,} runs ({len(arms)} arm(s) x {lengths}), "
             f"more than {MAX_RUNS:,} (at a minute a run, a week of training); "
-            "give shorter axes"
-        )
+            "give shorter axes")
 
 
 def plan_grid(args, command, presets, default_logdir, order=()):
-    """Builds and checks the `Grid` of parsed grid flags.
-
-    Raises:
-        UsageError: on any bad flag, before anything is written.
-    """
+    """The checked `Grid` of parsed grid flags; `UsageError` on any bad
+    flag, before anything is written."""
     if args.preset not in presets:
         raise UsageError(f"--preset must be one of {', '.join(presets)}; got "
                          f"{args.preset!r}")
@@ -245,12 +220,10 @@ def plan_grid(args, command, presets, default_logdir, order=()):
         raise _axis_wording(error, axes) from None
     arms = parse_arms(args.arms) if args.arms else list(preset.arms)
     _check_size(axes, arms)
-    grid = Grid(
-        command=command, logdir=logdir, base=base,
-        arms=arms,
-        axes=axes, preset=args.preset,
-        # The preset's init-only values are its own: an axis the user gives
-        # is trained at every value.
+    return Grid(
+        command=command, logdir=logdir, base=base, arms=arms, axes=axes,
+        preset=args.preset,
+        # An axis the user gives is trained at every value.
         trained={name: values for name, values in preset.trained.items()
                  if name not in given_axes},
         jobs=parse_count(args.jobs, "--jobs", 1) if args.jobs else preset.jobs,
@@ -258,13 +231,11 @@ def plan_grid(args, command, presets, default_logdir, order=()):
         report_only=args.report_only, options=dict(preset.options),
         order=order,
     )
-    return grid
 
 
 def _axis_wording(error, axes):
-    """`error` (a `UsageError` of a run's setting) with each axis named by
-    its axis flag: a bad `--key-dims` item is `--key-dims`, not the
-    `--key-dim` of one run."""
+    """`error` with each axis named by its axis flag (`--key-dims`, not one
+    run's `--key-dim`)."""
     message = str(error)
     for name in axes:
         if name != "seed" and axis_flag(name) != flag(name):
@@ -274,17 +245,14 @@ def _axis_wording(error, axes):
 
 
 def check_runs(grid):
-    """Validates every run's own config, and that each trained run fits in
-    this machine's memory (`UsageError` naming the flag, an axis by its
-    axis flag)."""
+    """Validates every run's config, and that each trained run fits this
+    machine's memory (as `train` checks: refused before the first run)."""
     tasks = {}
     try:
         for run in grid.runs():
             run.config.validate()
             if not run.trained:
                 continue
-            # Each trained run fits this machine, as `train` checks: a
-            # grid is refused before its first run, not in the middle.
             options = repr(sorted(run.config.task_options().items()))
             if options not in tasks:
                 tasks[options] = build_task(run.config)

@@ -1,20 +1,13 @@
-"""What a grid's folder holds: its kind and its plan, as a run's folder
-holds its config.
+"""A grid folder's identity, as a run's folder holds its config:
 
     LOGDIR/grid.json    {"command": "compare" | "sweep",
                          "trained": [run names], "init_only": [run names]}
 
-A grid writes `grid.json` before it writes anything else at its root, and
-every later `compare` or `sweep` on that root first compares its own plan
-with the stored one: another command, or another set of runs, is refused in
-one line naming the difference, before anything is written. The plan is
-the runs' names (each spells its arm and axis values); the settings every
-run shares are checked per run, against the run's own `config.json`.
-
-A root that an earlier version or a shard left without `grid.json` is read
-from what it holds: the report it has (`comparison.json`, `sweep.json`)
-says the kind and lists the runs, and its run folders (a `config.json`
-each) must all be runs of the plan.
+Written first at the root; a later grid on that root with another command
+or other runs is refused in one line, before anything is written (shared
+settings are checked per run, against its `config.json`). A root left
+without `grid.json` (by a shard or an older version) is read from its
+report and its run folders.
 """
 
 import json
@@ -27,8 +20,8 @@ from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import METRICS_FILE
 
 GRID_FILE = "grid.json"
-# The report each command writes at its root (`pipelines.compare`,
-# `pipelines.sweep`; test_grid_identity checks the names agree).
+# The report each command writes at its root (test_grid_identity checks
+# the names agree).
 REPORT_FILES = {"compare": "comparison.json", "sweep": "sweep.json"}
 _NOUN = {"compare": "comparison", "sweep": "sweep"}
 # How many run names a message lists before it says how many more.
@@ -37,17 +30,15 @@ _NAMES_SHOWN = 3
 
 def plan_identity(grid):
     """The identity of `grid`'s folder: its command and its runs."""
-    return {
-        "command": grid.command,
-        "trained": sorted(run.name for run in grid.runs() if run.trained),
-        "init_only": sorted(run.name for run in grid.runs()
-                            if not run.trained),
-    }
+    runs = grid.runs()
+    return {"command": grid.command,
+            "trained": sorted(run.name for run in runs if run.trained),
+            "init_only": sorted(run.name for run in runs if not run.trained)}
 
 
 def write_identity(grid):
-    """Writes `grid.json` at the grid's root (creating the root), unless it
-    holds this identity already (a rerun leaves it as it was)."""
+    """Writes `grid.json` (creating the root) unless it holds this identity
+    already."""
     identity = plan_identity(grid)
     if os.path.isdir(grid.logdir) and stored_identity(grid.logdir) == identity:
         return
@@ -62,18 +53,17 @@ def _read_json(path, logdir):
     except (OSError, ValueError, RecursionError) as error:
         raise UsageError(
             f"--logdir {logdir}: cannot read {os.path.basename(path)} "
-            f"({type(error).__name__}: {one_line(error)})"
-        ) from None
+            f"({type(error).__name__}: {one_line(error)})") from None
 
 
 def _names(items):
-    """Run names from a report's list of records (or of names)."""
+    """Run names from a report's list of records or names."""
     return {item["run"] if isinstance(item, dict) else item
             for item in items if isinstance(item, (dict, str))}
 
 
 def _run_folders(logdir):
-    """The sub-folders of `logdir` that hold a training run."""
+    """The sub-folders of `logdir` holding a training run."""
     try:
         entries = sorted(os.listdir(logdir))
     except OSError:
@@ -83,11 +73,9 @@ def _run_folders(logdir):
 
 
 def stored_identity(logdir):
-    """The identity of the grid folder `logdir`: its `grid.json`, or what an
-    older or shard-left folder shows (`"derived": True`; `command` None
-    when no report says it, `trained` the runs named by its report or
-    found in it, `init_only` None when unknown); None when `logdir` holds
-    no grid at all."""
+    """The identity of the grid folder `logdir`: its `grid.json`, or what a
+    folder without one shows (`"derived": True`, `command` and `init_only`
+    None when unknown); None when `logdir` holds no grid."""
     path = os.path.join(logdir, GRID_FILE)
     if os.path.lexists(path):
         stored = _read_json(path, logdir)
@@ -126,11 +114,11 @@ def _listed(names):
 
 
 def _differences(stored, wanted):
-    """The ways the stored plan differs from the wanted one (text)."""
+    """How the stored plan differs from the wanted one (texts)."""
     differences = []
     theirs, ours = set(stored["trained"]), set(wanted["trained"])
-    # A derived plan is only what the folder shows: a shard's runs, or
-    # an older report's; the runs it lacks may still come.
+    # A derived plan is only what the folder shows: its missing runs may
+    # still come.
     extra = theirs - ours
     lacking = set() if stored.get("derived") else ours - theirs
     if extra:
@@ -150,33 +138,26 @@ def _differences(stored, wanted):
 
 
 def check_grid_folder(grid):
-    """Raises `UsageError` unless `grid.logdir` may hold `grid`: a folder
-    that is not a training run's, and that holds no grid or this one.
-
-    Reads only; nothing is written.
-    """
+    """`UsageError` unless `grid.logdir` (not a training run's) holds no
+    grid or this one. Reads only."""
     logdir = grid.logdir
     for marker in (CONFIG_FILE, METRICS_FILE):
         if os.path.lexists(os.path.join(logdir, marker)):
             raise UsageError(
                 f"--logdir {logdir} is a training run's folder ({marker}); "
-                f"{grid.command} needs a folder of its own"
-            )
+                f"{grid.command} needs a folder of its own")
     stored = stored_identity(logdir)
     if stored is None:
         return
-    wanted = plan_identity(grid)
     command = stored["command"]
     if command not in (None, grid.command):
         source = REPORT_FILES[command] if stored.get("derived") else GRID_FILE
         raise UsageError(
             f"--logdir {logdir} holds a {_NOUN[command]} ({source}), not a "
-            f"{_NOUN[grid.command]}; use a new --logdir"
-        )
-    differences = _differences(stored, wanted)
+            f"{_NOUN[grid.command]}; use a new --logdir")
+    differences = _differences(stored, plan_identity(grid))
     if differences:
         raise UsageError(
             f"--logdir {logdir} holds another {_NOUN[grid.command]}: "
             + "; ".join(differences)
-            + "; use a new --logdir, or the flags it was made with"
-        )
+            + "; use a new --logdir, or the flags it was made with")

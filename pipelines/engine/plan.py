@@ -1,15 +1,8 @@
-"""The plan of a grid: every run it will train or probe, checked before
-anything runs.
+"""The plan of a grid: the product of its axes, arms and seeds, each run a
+`TrainConfig` in `LOGDIR/<name>/` (`unscaled-sgd-lr0.03-dk1024-seed1`).
 
-A grid is the product of its axes (settings with several values: `key_dim`,
-`learning_rate`, `num_layers`, ...), its arms and its seeds. Each run is one
-`TrainConfig`: the grid's base config with the run's axis values and its
-arm's overrides, in `LOGDIR/<name>/`, where the name spells the arm and
-the values (`scaled-dk1024-seed0`, `unscaled-sgd-lr0.03-dk1024-seed1`).
-
-Pairing: runs that differ only by arm share the seed, hence the data stream
-and the initial weights of every weight they share (the arms rescale or
-normalize nothing else), so a difference between arms is the arm's.
+Runs that differ only by arm share the seed, hence the data and every
+initial weight they share, so a difference between arms is the arm's.
 """
 
 import dataclasses
@@ -31,9 +24,9 @@ NAME_TAGS = {
 
 
 def value_text(value):
-    """An axis value in a run name. Floats as `repr`: the shortest text
-    that reads back as the same float, so 0.1 and 0.1000001 (both "0.1"
-    under `:g`) get a folder each; the usual rates read alike."""
+    """An axis value in a run name. Floats as `repr`, the shortest text
+    that reads back as the same float: 0.1 and 0.1000001 (both "0.1" under
+    `:g`) get a folder each."""
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
@@ -48,15 +41,8 @@ def run_name(arm, values):
 
 @dataclasses.dataclass
 class Run:
-    """One run of a grid.
-
-    Attributes:
-        arm: the arm's name.
-        values: `{setting: value}` of the run's axes, in the grid's order
-            (the seed last).
-        config: the run's `TrainConfig`.
-        trained: False for a run measured at initialization only.
-    """
+    """One run of a grid: its arm, `{axis: value}` in the grid's order,
+    its `TrainConfig`, and False for a run measured at init only."""
 
     arm: str
     values: dict
@@ -73,18 +59,11 @@ class Grid:
     """Everything a grid will do, checked before anything runs.
 
     Attributes:
-        command: the subcommand (`compare`, `sweep`), for messages.
-        logdir: the grid's root directory.
         base: the resolved `TrainConfig` every run starts from.
-        arms: arm names.
         axes: `{setting: [values]}` in name order, the seed last.
         trained: `{setting: [values]}`: a run whose value of the setting is
             not listed is measured at init only.
-        preset: the preset's name.
         jobs: runs trained at once (worker processes when > 1).
-        shard: which share of the trained runs this process trains.
-        report_only: build the report from the finished runs, train none.
-        options: the report's own options (`variance_samples`, ...).
         order: the order the runs are listed in (axis names and `"arm"`,
             outermost first); default: the axes, then the arm.
     """
@@ -133,33 +112,28 @@ class Grid:
 
     def slice(self, over=("key_dim", "seed")):
         """`{axis: its first value}` over the axes besides `over`: the runs
-        a report measured over `over` alone reads (the shallowest stack,
-        the shortest sequence), so that runs of different depths are never
-        pooled. Empty when the grid has no other axis."""
+        a report over `over` alone reads, so runs of different depths (or
+        lengths, ...) are never pooled."""
         return {name: values[0] for name, values in self.axes.items()
                 if name not in over}
 
     def in_slice(self, values, free=None):
-        """Whether a run's axis values (its `values`, or a record holding
-        them) lie in `slice()`; the axis `free` may take any value."""
+        """Whether a run's axis values (or a record holding them) lie in
+        `slice()`; the axis `free` may take any value."""
         return all(values.get(name) == value
                    for name, value in self.slice().items() if name != free)
 
     def _run(self, arm, values):
         key_dim = values.get("key_dim", self.base.key_dim)
-        run = Run(arm, values, None)
         config = self.base.replace(
-            **values,
-            logdir=os.path.join(self.logdir, run.name),
-            **ARMS[arm].overrides(key_dim, self.base.qk_init_gain),
-        )
+            **values, logdir=os.path.join(self.logdir, run_name(arm, values)),
+            **ARMS[arm].overrides(key_dim, self.base.qk_init_gain))
         trained = all(values[name] in allowed
                       for name, allowed in self.trained.items())
         return Run(arm, values, config, trained)
 
     def without(self, names):
-        """A copy in which the runs named in `names` are not trained (a
-        report over the finished runs measures those at init only)."""
+        """A copy in which the runs named in `names` are not trained."""
         names = set(names)
         copy = dataclasses.replace(self, _runs=None)
         copy._runs = [dataclasses.replace(run, trained=False)

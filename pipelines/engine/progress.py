@@ -1,19 +1,13 @@
-"""The progress of a grid, as a person reads it: runs done out of the total,
-the current run's step, and the time left.
+"""The progress of a grid: runs done, the current runs' steps, the time left.
 
-`Progress` hears of each step (`step`) and each finished run (`finished`).
 Finished runs are logged as lines; the status line is rewritten in place on
-a terminal and printed every `every_s` seconds otherwise (a log file or a
-scheduler's output: plain lines, no control characters), so a long grid
-always says where it is.
+a terminal, else printed every `every_s` seconds as plain lines.
 
-The time left is calibrated on the steps trained since the first step report,
-not since the start: the first report comes after building and compiling
-the first run, which on 2 CPU cores took as long as 100 of its steps, and
-counting it as training time made the first estimate of the default
-comparison "about 1 h 00 min" for a 4-minute job. Each build still to come
-(a run of new shapes compiles again) adds the first one's start-up time.
-Until two reports have come, the line says "estimating".
+The time left is calibrated on the steps trained since the first step
+report, not since the start: the first run's build and compile took as long
+as 100 of its steps (2 CPU cores), and counting it made the default
+comparison's first estimate "about 1 h 00 min" for a 4-minute job. Each
+build still to come adds the first one's start-up time.
 """
 
 import sys
@@ -29,19 +23,12 @@ class Progress:
         steps: `{run name: steps to train}` of the runs to train now.
         total: how many trained runs the grid has (with those already done).
         log: receives the finished-run lines.
-        stream: where the status line goes (default: stdout: it is the
-            command's normal output, and stderr is kept for errors).
-        every_s: seconds between status lines when `stream` is not a
-            terminal.
-        clock: the time source (seconds).
-        builds: the names of the runs that build and compile anew (the
-            first of each shape); default: the first run only.
-        workers: how many processes train side by side.
-
-    The time left is the steps still to train over the steps trained per
-    second since the first step report (evaluating included), plus the
-    first run's start-up (building, compiling) for each build to come,
-    shared among the workers.
+        stream: where the status line goes (default: stdout; stderr is
+            kept for errors).
+        every_s: seconds between status lines off a terminal.
+        builds: the runs that build and compile anew (the first of each
+            shape); default: the first run only.
+        workers: processes training side by side (sharing the builds).
     """
 
     def __init__(self, steps, total, log=print, stream=None, every_s=30.0,
@@ -78,8 +65,7 @@ class Progress:
         self.current[name] = step
         self._started.add(name)
         if self._anchor is None:
-            now = self.clock()
-            self._anchor = (now, self._trained_now())
+            self._anchor = (self.clock(), self._trained_now())
         self._show()
 
     def finished(self, name, outcome, seconds):
@@ -96,8 +82,8 @@ class Progress:
         return self.trained + sum(self.current.values())
 
     def seconds_left(self):
-        """The estimate of the time left, or None until two step reports
-        (or a report and a finished run) have measured the step rate."""
+        """The time left, or None until two step reports (or a report and a
+        finished run) have measured the step rate."""
         if self._anchor is None:
             return None
         anchor_time, anchor_trained = self._anchor

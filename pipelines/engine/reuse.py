@@ -1,22 +1,14 @@
 """Compiled steps kept across the runs of a grid that share their shapes.
 
-A grid trains many runs that differ only in their seed and learning rate.
-Built afresh, each would trace and XLA-compile its train step, trace its
-evaluation and its diagnostics probe, and build its optimizer: about 3.5 s
-per run at d_k 1024 on 2 CPU cores (measured: first step 2.1-2.5 s, of
-which tracing 0.6 s; probe 0.4 s; evaluation 0.3 s), against 12-14 s for
-1000 steps of training. `CompiledRuns` builds those parts once per shape
-group and, for each further run, only resets what a new run starts from:
-
-* the model's weights: drawn from the run's seed exactly as a fresh run
-  draws them (global seed, then `build_model`) and copied in;
-* the optimizer's variables (step count, moments): back to their values
-  right after `optimizer.build`;
-* the peak learning rate: a variable that the schedule reads at every step,
-  so the compiled step is not specialised on it.
-
-Runs trained this way end with the same weights as runs built afresh
-(`tests/test_engine.py` checks it).
+Built afresh, each run would trace and compile its train step, evaluation
+and probe and build its optimizer: about 3.5 s a run at d_k 1024 on 2 CPU
+cores (first step 2.1-2.5 s, of which tracing 0.6 s; probe 0.4 s;
+evaluation 0.3 s), against 12-14 s for 1000 steps. `CompiledRuns` builds
+them once per shape group; a further run resets only the model's weights
+(drawn from its seed as a fresh run draws them), the optimizer's variables
+(to their values after `optimizer.build`) and the peak learning rate (a
+variable the schedule reads, so the step is not specialised on it). The
+runs end with the weights of runs built afresh (test_engine checks it).
 """
 
 import keras
@@ -27,39 +19,29 @@ from pipelines.builders import seed_run
 from pipelines.settings import PER_RUN
 from pipelines.steps import build_parts
 
+
 def shape_key(config):
     """What two configs must share to train with the same compiled parts."""
     values = config.to_dict()
-    return tuple(
-        (name, repr(values[name])) for name in sorted(values)
-        if name not in PER_RUN
-    )
+    return tuple((name, repr(values[name])) for name in sorted(values)
+                 if name not in PER_RUN)
 
 
 class CompiledRuns:
-    """`reuse(config, devices, task)` for `pipelines.train.train`.
-
-    Attributes:
-        builds: how many times parts were built (once per shape group in a
-            row of runs).
-        reuses: how many runs were given parts built for an earlier run.
-    """
+    """`reuse(config, devices, task)` for `pipelines.train.train`; counts
+    its `builds` and its `reuses` (runs given an earlier run's parts)."""
 
     def __init__(self):
-        self._key = None
-        self._parts = None
-        self._learning_rate = None
-        self._optimizer_start = None
-        self.builds = 0
-        self.reuses = 0
+        self._key = self._parts = None
+        self._learning_rate = self._optimizer_start = None
+        self.builds = self.reuses = 0
 
     def __call__(self, config, devices, task):
         # Cosine and warmup schedules bake `steps` into the schedule: only a
         # constant schedule without warmup may change `steps` between runs.
-        key = shape_key(config) + (("schedule_steps", (
-            None if config.lr_schedule == "constant"
-            and config.warmup_steps == 0 else config.steps
-        )),)
+        fixed = config.lr_schedule == "constant" and config.warmup_steps == 0
+        key = shape_key(config) + (
+            ("schedule_steps", None if fixed else config.steps),)
         if config.backend == "jax":
             # jax.jit reads a variable outside the stateless state (the
             # peak rate) once, when it traces: a new rate needs a new trace.
@@ -89,13 +71,11 @@ class CompiledRuns:
         with devices.scope():
             self._learning_rate = keras.Variable(
                 float(config.learning_rate), dtype="float32",
-                trainable=False, name="peak_learning_rate",
-            )
+                trainable=False, name="peak_learning_rate")
         parts = build_parts(config, devices, task, self._learning_rate)
         self._optimizer_start = [
             np.array(keras.ops.convert_to_numpy(variable))
-            for variable in parts.optimizer.variables
-        ]
+            for variable in parts.optimizer.variables]
         self._key, self._parts = key, parts
         self.builds += 1
         return parts

@@ -1,14 +1,10 @@
 """Running a grid: train what is missing, then write the report once every
 run is finished.
 
-`run_grid(grid, report)` checks every run directory before any lock is
-taken, trains the shard's runs that are not complete (`runner`), and calls
-`report(grid, missing, timing, log)` under the lock of the grid's root. A
-whole grid in one process holds that lock throughout, as one run holds its
-directory's. Shards of one grid train side by side, each run under its own
-directory's lock, and take the root's lock only to write the report: the
-shard that finds every run finished writes it. `--report-only` writes it
-from whatever is finished and names the missing runs.
+A whole grid in one process holds its root's lock throughout. Shards train
+side by side, each run under its own directory's lock, and take the root's
+lock only to write the report: the shard that finds every run finished
+writes it. `--report-only` writes it from what is finished.
 """
 
 import glob
@@ -32,41 +28,31 @@ from pipelines.run_dir import config_mismatch
 from pipelines.tensorboard import write_experiment
 
 
-def check_run_directory(run):
-    """Raises `UsageError` when the run's directory holds another run."""
-    mismatch = config_mismatch(run.config.logdir, run.config)
-    if mismatch is not None:
-        raise UsageError(
-            f"{run.config.logdir} holds a run with a different config "
-            f"({mismatch}); use a new --logdir"
-        )
-
-
 def check_grid(grid):
-    """Raises `UsageError` unless `grid` may run on its folder as it is:
-    the folder holds no other grid and is not a training run's, no run
-    folder holds another run, and for `--report-only` the folder exists
-    and holds a finished run of the plan. Reads only."""
+    """`UsageError` unless `grid` may run on its folder as it is (and, for
+    `--report-only`, the folder holds a finished run of it). Reads only."""
     if grid.report_only and not os.path.isdir(grid.logdir):
         raise UsageError(
             f"--report-only: --logdir {grid.logdir} is not a folder; it "
-            "reports on the finished runs of one, and creates none"
-        )
+            "reports on the finished runs of one, and creates none")
     check_grid_folder(grid)
     for run in grid.trained_runs():
-        check_run_directory(run)
+        mismatch = config_mismatch(run.config.logdir, run.config)
+        if mismatch is not None:
+            raise UsageError(
+                f"{run.config.logdir} holds a run with a different config "
+                f"({mismatch}); use a new --logdir")
     if grid.report_only and not any(
             is_complete(run) for run in grid.trained_runs()):
         raise UsageError(
             f"--report-only: none of the {len(grid.trained_runs())} runs of "
             f"this plan in --logdir {grid.logdir} is finished; train them "
-            "first (without --report-only)"
-        )
+            "first (without --report-only)")
 
 
 def is_complete(run):
-    """Whether the run has finished all its steps (or stopped on a
-    non-finite loss, which training again would only repeat)."""
+    """Whether the run finished its steps (or stopped on a non-finite loss,
+    which training again would only repeat)."""
     return completed_metrics(run.config) is not None
 
 
@@ -112,22 +98,14 @@ def _report(grid, report, timing, log):
 
 
 def run_grid(grid, report, log=print):
-    """Trains the grid's missing runs (this shard's) and writes its report.
-
-    Args:
-        grid: a checked `Grid` (`flags.plan_grid`, `flags.check_runs`).
-        report: `report(grid, missing, timing, log)` writes the documents
-            of the finished runs and returns the main one.
-        log: receives progress lines.
-
-    Returns:
-        What `report` returned, or None when runs of other shards are not
-        finished yet.
+    """Trains the checked `grid`'s missing runs (this shard's), then returns
+    what `report(grid, missing, timing, log)` returns (None while other
+    shards' runs are not finished).
 
     Raises:
-        RunDirectoryBusy: when another process holds the grid's root (a
-            whole grid), or a run directory is another grid's.
-        EnvironmentFailure: when a write is refused or runs failed.
+        RunDirectoryBusy: another process holds the grid's root (a whole
+            grid), or a run directory is another grid's.
+        EnvironmentFailure: a write is refused or runs failed.
     """
     # Refused before any lock is taken: a refused rerun leaves `.lock` (and
     # the pid in it) as it was.
@@ -158,21 +136,16 @@ def run_grid(grid, report, log=print):
 # The TensorBoard run of a grid's HParams experiment, under its logdir.
 EXPERIMENT_DIR = "experiment"
 # The HParams every grid declares besides its axes (any value): what an arm
-# sets, and what tells two grids apart.
+# sets, what tells two grids apart.
 _OTHER_HPARAMS = ("scale", "qk_norm", "task", "optimizer", "learning_rate",
                   "d_model")
 
 
 def write_grid_experiment(grid, metrics):
-    """Declares the grid's HParams experiment in the TensorBoard run
-    `experiment` (`EXPERIMENT_DIR`: events at the root would make TensorBoard
-    list a run named "."), replacing the one an earlier invocation wrote: the arms and every axis (its trained
-    values), so the parallel-coordinates view shows the whole grid.
-
-    Args:
-        grid: the `Grid`.
-        metrics: `(tag, group, display_name)` of the report's metrics.
-    """
+    """Declares the grid's HParams experiment (the arms and every axis's
+    trained values) in the TensorBoard run `EXPERIMENT_DIR` (events at the
+    root would make a run named "."), replacing an earlier one; `metrics`:
+    `(tag, group, display_name)` of the report's metrics."""
     directory = os.path.join(grid.logdir, EXPERIMENT_DIR)
     for path in glob.glob(os.path.join(glob.escape(directory),
                                        "events.out.tfevents.*")):

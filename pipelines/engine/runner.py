@@ -1,14 +1,11 @@
 """Training a grid's runs: in this process, or in `--jobs N` worker
-processes, each training its share of the runs one after another with
-`CompiledRuns`, so a run whose shapes match the previous one's pays no new
-process, build or compile.
+processes, each training its share in order with `CompiledRuns` (a run of
+the previous one's shapes pays no new process, build or compile).
 
-A share is a `ProcessPoolExecutor` of one spawned process (spawned, not
-forked: a fork would copy this process's initialised backend and its
-threads), so the share's runs stay in one process in order, and a worker
-that dies breaks its own share only. Each run's record is its task's return
-value; its steps come back through one queue. The workers' stderr (their
-backends' start-up lines, any dying words) goes to a file in `pending`.
+A share is a `ProcessPoolExecutor` of one spawned process (a fork would
+copy this process's initialised backend and its threads): a worker that
+dies breaks its own share only. Steps come back through one queue; the
+workers' stderr goes to a file in `pending`.
 """
 
 import concurrent.futures
@@ -38,8 +35,8 @@ _POLL_S = 0.2
 _DIED = ("its worker process died during the run (killed, or out of "
          "memory); the rest of its share was not started; the workers' "
          "output: {}")
-# What a worker process keeps between its tasks: its `CompiledRuns`, the
-# step queue and when it last reported each run's step.
+# A worker's state between tasks: `CompiledRuns`, the step queue, and when
+# it last reported each run's step.
 _WORKER = {}
 
 
@@ -56,13 +53,9 @@ def outcome(metrics):
 
 
 def train_one(config, reuse, on_step=lambda logdir, step: None):
-    """Trains `config`, reusing `reuse`'s compiled parts.
-
-    Returns `(record, reuse)`: the run's timing and outcome record, and the
-    `CompiledRuns` for the next run. A run refused with a one-line error
-    (`UsageError`, `EnvironmentFailure`), or busy in another process, is
-    recorded; any other exception is a fault and propagates.
-    """
+    """Trains `config` with `reuse`; returns `(record, CompiledRuns for the
+    next run)`. A one-line refusal, or a run busy in another process, is
+    recorded; any other exception propagates."""
     started, cpu_started = time.time(), time.process_time()
     reuses, error, kind = reuse.reuses, None, None
     try:
@@ -91,8 +84,8 @@ def in_runner_order(runs):
 
 
 def shares(configs, jobs):
-    """`configs` split into at most `jobs` lists, whole shape groups
-    together where there are enough groups, balanced by their steps."""
+    """`configs` in at most `jobs` lists, whole shape groups together where
+    there are enough groups, balanced by their steps."""
     groups = {}
     for config in configs:
         groups.setdefault(shape_key(config), []).append(config)
@@ -112,24 +105,21 @@ def shares(configs, jobs):
 
 @contextlib.contextmanager
 def worker_environment(threads, stderr):
-    """Inside, `os.environ` is that of a worker with `threads` CPU threads,
-    and file descriptor 2 is the file `stderr`, for the processes spawned
-    there (the backend and its thread pools read the environment as they
-    load, before any initializer could run); as they were after."""
+    """Inside, `os.environ` is a worker's with `threads` CPU threads, and fd
+    2 is the file `stderr`, for the processes spawned there (backends read
+    the environment as they load, before any initializer runs)."""
     saved, saved_stderr = dict(os.environ), os.dup(2)
     sys.stderr.flush()
     os.dup2(stderr.fileno(), 2)
     env = os.environ
-    # Every run trains on this process's backend (the runs' configs say
-    # so, and a worker on another backend would refuse them).
+    # The runs' configs name this process's backend.
     env["KERAS_BACKEND"] = keras.backend.backend()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Several processes share the accelerator: none may take all its memory.
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    # One core's share each: N processes of all cores each oversubscribe
-    # them (measured on 2 cores: two 1-thread workers train 1.45x the
-    # steps per second of one 2-thread process at d_k 1024).
+    # One core's share each (on 2 cores, two 1-thread workers trained 1.45x
+    # the steps per second of one 2-thread process at d_k 1024).
     env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
     env.setdefault("TF_NUM_INTEROP_THREADS", str(threads))
     # torch's and XLA's CPU thread pools read these.
@@ -167,13 +157,11 @@ def _train_in_worker(config):
 
 def _train_in_workers(worker_shares, pending, finished, on_step,
                       task=_train_in_worker):
-    """Trains each share in its own worker process; `finished(record)` as
-    each run ends, `on_step(logdir, step)` as steps are reported. A run
-    whose worker died is recorded as failed, naming how; the rest of its
-    share is not started. Returns the first fault (an exception other than
-    a one-line refusal) a run raised, or None; `pending` and the workers'
-    output in it are removed when neither happened. `task(config)` trains
-    one run in a worker (a test's stand-in)."""
+    """Trains each share in its own worker; `finished(record)` as each run
+    ends, `on_step(logdir, step)` as steps come. A run whose worker died is
+    recorded as failed, and the rest of its share is not started. Returns
+    the first fault a run raised, or None; `pending` is removed when there
+    was neither. `task(config)` trains one run (a test's stand-in)."""
     context = multiprocessing.get_context("spawn")
     steps = context.Queue()
     threads = max(1, (os.cpu_count() or 1) // len(worker_shares))
@@ -234,20 +222,18 @@ def _relay_steps(steps, ended, on_step):
 
 
 def train_runs(runs, jobs, pending, progress):
-    """Trains `runs` (none complete yet): in this process, or in `jobs`
-    worker processes whose output goes to `pending`.
+    """Trains `runs` (none complete yet): here, or in `jobs` workers whose
+    output goes to `pending`.
 
     Returns:
         `{"trained_now": [names], "busy": [names], "workers": n, "builds": n
-        (runs that built their compiled parts), "runs": [per-run timing
-        records]}`.
+        (runs that built their compiled parts), "runs": [records]}`.
 
     Raises:
-        UsageError: when every failed run was refused with a usage error;
-        EnvironmentFailure: otherwise, when runs failed (after the others
-            are done). Either names the first failure in one line.
-        Exception: a fault (a bug) of a run in a worker, as it was raised
-            there (with the worker's traceback), after the others are done.
+        UsageError: every failed run was refused with a usage error.
+        EnvironmentFailure: runs failed otherwise. Both come after the
+            other runs end and name the first failure; a worker's fault is
+            raised as it was there.
     """
     names = {run.config.logdir: run.name for run in runs}
     records = []

@@ -1,21 +1,12 @@
-"""Splitting a grid's runs across machines, through the schedulers people
-already run.
-
-Shard `I` of `N` (0 <= I < N) trains the I-th of N contiguous blocks of the
-trained runs, taken in the runner's order (runs sharing a compiled step are
-adjacent, so a shard keeps them together); block sizes differ by at most
-one. The shard comes from, in this order:
+"""Splitting a grid's runs across machines. Shard I of N trains the I-th of
+N contiguous blocks of the trained runs in the runner's order (runs sharing
+a compiled step stay together). The shard comes from, in this order:
 
 * `--shard I/N`;
 * a SLURM job array: `SLURM_ARRAY_TASK_ID` (minus `SLURM_ARRAY_TASK_MIN`,
-  so `--array=1-4` works as well as `--array=0-3`) of
-  `SLURM_ARRAY_TASK_COUNT`;
-* a Kubernetes Indexed Job: `JOB_COMPLETION_INDEX`, with the count from
+  so `--array=1-4` works as `--array=0-3`) of `SLURM_ARRAY_TASK_COUNT`;
+* a Kubernetes Indexed Job: `JOB_COMPLETION_INDEX`, the count from
   `--shard-count N` (Kubernetes does not export `completions`).
-
-Each run directory's lock keeps two machines on a shared filesystem from
-training the same run; the report is written by whichever process finds
-every run finished (or by `--report-only`).
 """
 
 from typing import NamedTuple, Optional
@@ -24,8 +15,8 @@ from pipelines.common import UsageError
 
 
 class Shard(NamedTuple):
-    """Shard `index` of `count`; `source` says where it came from (`None`
-    for the whole grid in one process)."""
+    """Shard `index` of `count`; `source`: where it came from (None for the
+    whole grid in one process)."""
 
     index: int
     count: int
@@ -51,23 +42,13 @@ def parse_shard(text):
 def _checked(index, count, source):
     if count < 1 or not 0 <= index < count:
         raise UsageError(
-            f"{source}: shard {index} of {count} is not one of 0..count-1"
-        )
+            f"{source}: shard {index} of {count} is not one of 0..count-1")
     return Shard(index, count, source)
 
 
 def resolve_shard(shard_flag, count_flag, environ):
-    """The shard of this process (see the module docstring).
-
-    Args:
-        shard_flag: `--shard` text, or None.
-        count_flag: `--shard-count` text, or None.
-        environ: the environment (`os.environ`).
-
-    Raises:
-        UsageError: on a malformed value, or a Kubernetes index without
-            `--shard-count`.
-    """
+    """The shard of this process, from the `--shard` and `--shard-count`
+    texts (or None) and `environ`; `UsageError` on a malformed value."""
     if shard_flag is not None:
         return parse_shard(shard_flag)
     if "SLURM_ARRAY_TASK_ID" in environ and "SLURM_ARRAY_TASK_COUNT" in environ:
@@ -81,8 +62,7 @@ def resolve_shard(shard_flag, count_flag, environ):
         if count_flag is None:
             raise UsageError(
                 "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job): give "
-                "the job's completions as --shard-count N"
-            )
+                "the job's completions as --shard-count N")
         return _checked(
             _integer(environ["JOB_COMPLETION_INDEX"], "JOB_COMPLETION_INDEX"),
             _integer(count_flag, "--shard-count"), "JOB_COMPLETION_INDEX")
