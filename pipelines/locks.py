@@ -30,13 +30,10 @@ class RunDirectoryBusy(UsageError):
 @contextlib.contextmanager
 def run_directory_lock(directory, flag="--logdir"):
     """Holds the exclusive lock of `directory` (made if missing) for the
-    block, and yields the lock file's path, which holds this pid.
-
-    Locks of different directories are independent; a second lock of the
-    same directory, also by this process, fails at once with
-    `RunDirectoryBusy` naming `directory` (given by `flag`) and the holder's
-    pid, and writes nothing: the file is truncated only once locked.
-    """
+    block; yields the lock file's path, which holds this pid. A second lock
+    of it, also in this process, fails at once with `RunDirectoryBusy`
+    naming `directory` (given by `flag`) and the holder's pid, and writes
+    nothing: the file is truncated only once locked."""
     path = os.path.join(directory, LOCK_FILE)
     try:
         os.makedirs(directory, exist_ok=True)

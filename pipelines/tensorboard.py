@@ -67,15 +67,10 @@ def _scalar(value):
 
 class LogWriter:
     """A summary writer of `directory` that skips the steps an earlier,
-    killed run of the same command logged, so a resumed run logs each step
-    once. Only the chief writes (`is_chief`).
-
-    Attributes:
-        previous: `{tag: {step: value}}` logged here before.
-        writer: the `keras_attention.events.SummaryWriter` (a
-            `DiscardingWriter` on other workers); write to it inside
-            `writing()`, which says a refused write in one line.
-    """
+    killed run of the same command logged (`previous`, `{tag: {step:
+    value}}`), so a resumed run logs each step once. Only the chief writes:
+    `writer` is a `SummaryWriter`, else a `DiscardingWriter`; write to it
+    inside `writing()`, which says a refused write in one line."""
 
     def __init__(self, directory, is_chief):
         self.directory = directory
