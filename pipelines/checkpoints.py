@@ -31,7 +31,7 @@ from keras_attention.files import atomic_path
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import warn
-from pipelines.failures import writing
+from pipelines.common import writing
 
 CHECKPOINT_DIR = "checkpoints"
 # Checkpoints kept: the newest and two before it, for a damaged newest.

@@ -1,10 +1,9 @@
-"""What every pipeline shares: usage and environment errors, safe writes,
-JSON, flag parsing.
-
-Nothing here imports another pipeline module; every pipeline may import it.
-"""
+"""What every pipeline shares: usage and environment errors, refused
+writes, safe writes, JSON, flag parsing. It imports no other pipeline."""
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import re
@@ -20,10 +19,9 @@ class UsageError(ValueError):
 
 
 def usage_error(error, flags):
-    """A library `ValueError` as the command line says it: a one-line `UsageError` whose
-    argument names are flags. `flags` maps names to flags: `` `key_dim` `` -> `--key-dim`;
-    `overwrite=True` -> `--overwrite` and `format="onnx"` -> `--format onnx` too. A
-    `UsageError` is returned as it is."""
+    """A library `ValueError` as a one-line `UsageError` naming `flags`:
+    `` `key_dim` `` -> `--key-dim`; `overwrite=True` -> `--overwrite`,
+    `format="onnx"` -> `--format onnx`. A `UsageError` is returned as is."""
     if isinstance(error, UsageError):
         return error
 
@@ -43,21 +41,42 @@ class EnvironmentFailure(Exception):
 
 
 class WriteFailure(EnvironmentFailure):
-    """A file or directory could not be written.
-
-    Args:
-        what: what could not be written (a path, or words naming it).
-        reason: why, as the system said it (`"No space left on device"`).
-    """
+    """`what` (a path, or words naming it) could not be written, for
+    `reason` as the system said it (`"No space left on device"`)."""
 
     def __init__(self, what, reason):
         super().__init__(f"cannot write {what}: {reason}")
         self.what, self.reason = what, reason
 
 
+# The errnos of a write the machine refused. Every file a run writes goes
+# through Python's file objects, so a refused write is an `OSError` with one
+# of these (found by running the pipelines out of space on a tmpfs and past
+# `RLIMIT_FSIZE`).
+WRITE_ERRNOS = (
+    errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM,
+    errno.EROFS, errno.EIO,
+)
+
+
+@contextlib.contextmanager
+def writing(what=None):
+    """Raises a refused write inside the block as a `WriteFailure` naming
+    `what` (a path, or words), or else the file in the error. Other errors,
+    and `EnvironmentFailure`s, pass through unchanged."""
+    try:
+        yield
+    except EnvironmentFailure:
+        raise
+    except OSError as error:
+        if error.errno not in WRITE_ERRNOS:
+            raise
+        reason = error.strerror or errno.errorcode.get(error.errno, "refused")
+        raise WriteFailure(what or error.filename or "a file", reason) from None
+
+
 def one_line(error, limit=200):
-    """An exception's message on one line of at most `limit` characters (its
-    type's name when it has none)."""
+    """An exception's message (or type) on one line of at most `limit`."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -75,11 +94,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-# ------------------------------------------------------------------ JSON
 def to_jsonable(value):
-    """numpy scalars and arrays (also inside dicts, lists and tuples) as
-    plain Python values that `json.dump` accepts. A 0-d array or numpy
-    number becomes a Python scalar; dict keys become strings."""
+    """numpy scalars and arrays, also inside dicts, lists and tuples, as
+    plain Python values for `json.dump`; dict keys become strings."""
     if isinstance(value, dict):
         return {str(key): to_jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -91,16 +108,14 @@ def to_jsonable(value):
     return value
 
 
-# ---------------------------------------------------------------- writes
 def write_text_atomic(path, text):
-    """Writes `text` to `path` through `atomic_path`; `WriteFailure` when
-    the system refuses (the previous file, if any, is left as it was)."""
+    """`write_bytes_atomic` of `text`, encoded."""
     write_bytes_atomic(path, text.encode())
 
 
 def write_bytes_atomic(path, data):
-    """Writes `data` (bytes) to `path` through `atomic_path`; `WriteFailure`
-    when the system refuses (the previous file, if any, is left as it was)."""
+    """Writes `data` to `path` through `atomic_path`; `WriteFailure` when
+    the system refuses (the previous file, if any, is left as it was)."""
     try:
         with atomic_path(path) as temporary:
             with open(temporary, "wb") as handle:
@@ -110,17 +125,13 @@ def write_bytes_atomic(path, data):
 
 
 def write_json_atomic(path, data):
-    """Writes `data` as indented, key-sorted JSON to `path`; numpy values are
-    converted by `to_jsonable`. A crash mid-write leaves the previous file
-    (or none), never half of one."""
+    """`write_text_atomic` of `data` (`to_jsonable`) as sorted JSON."""
     text = json.dumps(to_jsonable(data), indent=2, sort_keys=True)
     write_text_atomic(path, text + "\n")
 
 
 def check_writable_directory(path, argument="--logdir"):
-    """Raises `UsageError` unless `path` is, or can be created as, a writable
-    directory. Creates nothing: the check walks up to the nearest existing
-    ancestor."""
+    """`UsageError` unless `path` is, or could be made, a writable folder."""
     path = os.path.abspath(path)
     if os.path.exists(path):
         if not os.path.isdir(path):
@@ -163,7 +174,6 @@ def check_run_outputs(logdir, export):
                          "export to a path outside it")
 
 
-# --------------------------------------------------------------- parsing
 def parse_int_list(text, flag):
     """`"16,64,256"` -> `[16, 64, 256]`; `UsageError` naming `flag` if not
     a comma-separated list of distinct positive integers."""
@@ -171,9 +181,8 @@ def parse_int_list(text, flag):
         values = [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
         values = None
-    if not values or any(value < 1 for value in values) or len(
-        set(values)
-    ) != len(values):
+    if (not values or any(value < 1 for value in values)
+            or len(set(values)) != len(values)):
         raise UsageError(
             f"{flag} must be a comma-separated list of distinct positive "
             f"integers; got {text!r}"
@@ -182,8 +191,7 @@ def parse_int_list(text, flag):
 
 
 def parse_count(text, flag, minimum):
-    """`text` as an integer of at least `minimum`, or `UsageError` naming
-    `flag`."""
+    """`text` as an integer >= `minimum`, or `UsageError` naming `flag`."""
     try:
         value = int(text)
     except (TypeError, ValueError):
@@ -193,16 +201,9 @@ def parse_count(text, flag, minimum):
     return value
 
 
-# --------------------------------------------------------------- reports
 def markdown_table(header, rows, left_columns=0):
-    """A Markdown table as a list of lines.
-
-    Args:
-        header: the column titles.
-        rows: lists of already formatted cells, one per column.
-        left_columns: how many leading columns are left-aligned; the rest
-            are right-aligned (numbers).
-    """
+    """A Markdown table as a list of lines: `rows` of formatted cells, the
+    first `left_columns` columns left-aligned, the rest right-aligned."""
     align = ["---"] * left_columns + ["---:"] * (len(header) - left_columns)
     return [
         "| " + " | ".join(header) + " |",

@@ -45,7 +45,7 @@ from pipelines.common import EnvironmentFailure
 from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import usage_error
-from pipelines.failures import writing
+from pipelines.common import writing
 from pipelines.run_dir import CONFIG_FILE
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import restore_model
@@ -57,28 +57,23 @@ def add_arguments(parser):
     """Adds the `export` flags."""
     parser.add_argument(
         "--logdir", required=True, metavar="DIR",
-        help="directory of a training run (finished or checkpointed)",
-    )
+        help="directory of a training run (finished or checkpointed)")
     parser.add_argument(
         "--out", required=True, metavar="PATH",
-        help="where to write the exported model",
-    )
+        help="where to write the exported model")
     parser.add_argument(
         "--format", default=None, metavar="FORMAT",
         help="saved_model, keras, tflite or onnx (default: from the suffix "
-        "of --out, .keras, .tflite or .onnx, else saved_model)",
-    )
+        "of --out, .keras, .tflite or .onnx, else saved_model)")
     parser.add_argument(
         "--overwrite", action="store_true",
-        help="replace an existing model at --out",
-    )
+        help="replace an existing model at --out")
 
 
 def run(args):
     """Runs `keras-attention export` for parsed `args`; returns 0."""
-    path, format = export_run(
-        args.logdir, args.out, format=args.format, overwrite=args.overwrite
-    )
+    path, format = export_run(args.logdir, args.out, format=args.format,
+                              overwrite=args.overwrite)
     line = f"exported {format} model of {args.logdir} to {path}"
     if format == "onnx":
         info = onnx_info(path)
@@ -89,53 +84,29 @@ def run(args):
     return 0
 
 
-def resolve_format(path, format=None):
-    """The export format: `format`, or when `None` the one `path`'s suffix
-    names (`.keras`, `.tflite`, `.onnx`), else `"saved_model"`.
-
-    Raises:
-        UsageError: on an unknown format.
-    """
-    if format is None:
-        suffix = os.path.splitext(os.fspath(path))[1].lower()
-        return _SUFFIX_FORMATS.get(suffix, "saved_model")
-    if format not in FORMATS:
-        raise UsageError(
-            f"--format must be one of {', '.join(FORMATS)}; got {format!r}"
-        )
-    return format
-
-
 # The arguments of `keras_attention.export` that are this command's flags.
 _FLAGS = {"path": "--out", "format": "--format", "overwrite": "--overwrite"}
 
 
 def check_out_path(path, format=None, overwrite=False, flag="--out"):
-    """Checks, touching nothing, that an export may write `path`.
-
-    Meant to run before any expensive work, so that a command such as
-    `train --export` can refuse a taken or unwritable path up front.
-
-    Args:
-        path: the `--out` (or `--export`) path.
-        format: the export format, or `None` to follow the suffix of `path`.
-        overwrite: whether an existing model at `path` may be replaced.
-        flag: the flag that gave `path`, for messages. Only `--out` comes
-            with `--overwrite`; for another flag a taken path must be
-            removed or another one chosen.
-
-    Returns:
-        The resolved format.
+    """Checks, touching nothing, that an export may write `path` (given by
+    `flag`; only `--out` comes with `--overwrite`), before any expensive
+    work. Returns the format: `format`, or when `None` the one the suffix
+    of `path` names (`.keras`, `.tflite`, `.onnx`), else `"saved_model"`.
 
     Raises:
-        UsageError: on an unknown format, a format whose packages are not
-            installed, a `path` whose suffix does not match the format, an
-            existing `path` without `overwrite`, or a `path` that cannot be
-            written.
+        UsageError: on an unknown format or one whose packages are missing,
+            or a `path` that does not suit it, exists (without `overwrite`)
+            or cannot be written.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise UsageError(f"{flag} must be a path; got {path!r}")
-    format = resolve_format(path, format)
+    if format is None:
+        suffix = os.path.splitext(os.fspath(path))[1].lower()
+        format = _SUFFIX_FORMATS.get(suffix, "saved_model")
+    elif format not in FORMATS:
+        raise UsageError(
+            f"--format must be one of {', '.join(FORMATS)}; got {format!r}")
     if flag != "--out" and os.path.lexists(path):  # No --overwrite to offer.
         raise UsageError(f"{flag} {path} already exists; remove it or choose "
                          "another")
@@ -148,20 +119,17 @@ def check_out_path(path, format=None, overwrite=False, flag="--out"):
 
 
 def check_outside_runs(path, run_dir, flag="--out"):
-    """Raises `UsageError` when `path` is, or lies inside, a training run's
-    folder (`run_dir`, or any folder holding a run's `config.json` and
-    its `metrics.json` or `checkpoints/`): an
-    export never replaces a run's own files, nor writes among them.
-    Symbolic links are followed; nothing is written."""
-    real = os.path.realpath(os.fspath(path))
+    """`UsageError` when `path` is, or lies inside, `run_dir` or another
+    folder holding a run's `config.json` and its `metrics.json` or
+    `checkpoints/`: an export never writes among a run's files. Symbolic
+    links are followed."""
+    folder = os.path.realpath(os.fspath(path))
     inside = os.path.realpath(os.fspath(run_dir))
-    folder = real
     while True:
         if folder == inside or _is_run_folder(folder):
             raise UsageError(
                 f"{flag} {path} is inside the run directory {folder}; "
-                "export to a path outside it"
-            )
+                "export to a path outside it")
         parent = os.path.dirname(folder)
         if parent == folder:
             return
@@ -175,23 +143,13 @@ def _is_run_folder(folder):
 
 
 def export_run(run_dir, path, format=None, overwrite=False):
-    """Exports the model of the training run in `run_dir` to `path`.
-
-    Args:
-        run_dir: a directory written by `keras-attention train`.
-        path: the export path.
-        format: `"saved_model"`, `"keras"`, `"tflite"`, `"onnx"`, or
-            `None` to follow the suffix of `path` (see `resolve_format`).
-        overwrite: replace an existing model at `path`.
-
-    Returns:
-        The tuple `(absolute path written, format)`.
+    """Exports the model of the training run in `run_dir` to `path`, with
+    `check_out_path`'s `format` and `overwrite`; returns `(absolute path
+    written, format)`.
 
     Raises:
-        UsageError: on a missing or corrupt run directory, an unknown
-            format or one whose packages are missing, a model that cannot
-            take dynamic shapes, or a `path` that does not suit the format,
-            exists (without `overwrite`) or cannot be written. Nothing is
+        UsageError: as `check_out_path`, and on a missing or corrupt run
+            directory or a model that cannot take dynamic shapes; nothing is
             written then.
         WriteFailure: when the system refuses the export's writes (a full
             disk); nothing is left at or beside `path`.
@@ -220,9 +178,8 @@ def export_run(run_dir, path, format=None, overwrite=False):
 
 
 def _export_in_tensorflow(run_dir, path, format, overwrite):
-    """`export_run` in a child process running Keras on TensorFlow (which
-    `check_out_path` found installed); its one line of error becomes this
-    process's."""
+    """`export_run` in a child process running Keras on TensorFlow; its one
+    line of error becomes this process's."""
     command = [sys.executable, "-m", "pipelines", "export", "--logdir",
                os.fspath(run_dir), "--out", os.fspath(path), "--format",
                format] + (["--overwrite"] if overwrite else [])
@@ -232,28 +189,24 @@ def _export_in_tensorflow(run_dir, path, format, overwrite):
                            check=False)
     if child.returncode != 0:
         lines = child.stderr.strip().splitlines() or ["no output"]
-        # The child's own line, without its "keras-attention export: error:"
-        prefix = "keras-attention export: error: "
-        message = lines[-1].removeprefix(prefix)
+        # The child's own line, without its prefix.
+        message = lines[-1].removeprefix("keras-attention export: error: ")
         error = UsageError if child.returncode == 2 else EnvironmentFailure
         raise error(f"{message} (exporting in a TensorFlow process)")
     return os.path.abspath(os.fspath(path)), format
 
 
 def _restore(run_dir):
-    """The run's model; any failure to read it is a `UsageError`."""
     try:
         return restore_model(run_dir)
     except DamagedCheckpoints as error:
         raise UsageError(
             f"--logdir {run_dir}: cannot restore the run's model: checkpoint "
             f"file {error.file} is corrupt ({error.reason}) and no earlier "
-            "checkpoint is whole"
-        ) from None
+            "checkpoint is whole") from None
     except UsageError:
         raise
     except Exception as error:  # Corrupt files fail in many ways.
         raise UsageError(
             f"--logdir {run_dir}: cannot restore the run's model "
-            f"({type(error).__name__}: {one_line(error)})"
-        ) from None
+            f"({type(error).__name__}: {one_line(error)})") from None

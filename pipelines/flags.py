@@ -1,19 +1,10 @@
-"""The command-line flags of every command that trains (`train`, `compare`, `sweep`).
+"""The command-line flags of every command that trains (`train`, `compare`,
+`sweep`): one per `TrainConfig` setting, from its declaration.
 
-`add_train_arguments(parser)` adds one flag per `TrainConfig` setting, from
-its declaration (`pipelines.settings`: flag, help, group, aliases, metavar),
-and names no setting itself;
-`settings_from_args(args)` turns the parsed flags into the layers they give
-(a `--config FILE` layer holding exactly the file's keys, then a `flags`
-layer holding exactly the flags given); `config_from_args(args)` resolves
-them into a `TrainConfig`.
-
-Every flag defaults to `None`, which means "not given": a config file can set
-a boolean that `--no-...` then overrides. Numbers are converted by argparse
-(`type=` from the dataclass's annotations), so a bad value exits 2 with one
-line naming the flag. Defaults in the help come from the dataclass and
-`TASK_DEFAULTS`, so they cannot drift from what a run uses; a help that
-states none gets "(default: X)" when the default is a value.
+Every flag defaults to `None`, "not given": a config file can set a boolean
+that `--no-...` then overrides. argparse converts numbers (by the setting's
+type), so a bad value exits 2 with one line naming the flag. Defaults in the
+help come from the dataclass and `TASK_DEFAULTS`, so they cannot drift.
 """
 
 import argparse
@@ -37,16 +28,14 @@ _DEFAULTS = TrainConfig()
 
 
 def _converter(kind, expected):
-    """An argparse `type=`: `kind(text)`, or a one-line error saying what
-    was expected (argparse names the flag)."""
+    """An argparse `type=`: `kind(text)`, or an error saying `expected`."""
 
     def convert(text):
         try:
             return kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"must be {expected}; got {text!r}"
-            ) from None
+                f"must be {expected}; got {text!r}") from None
 
     return convert
 
@@ -56,12 +45,10 @@ _TYPES = {(int,): _converter(int, "an integer"),
 
 
 def default_text(name):
-    """The default of a setting as the help states it: the dataclass
-    default, or `recall 1000, reverse 600, ...` where the tasks' differ."""
-    texts = {
-        task: _text(defaults.get(name, getattr(_DEFAULTS, name)))
-        for task, defaults in TASK_DEFAULTS.items()
-    }
+    """A setting's default in its help: `64`, or `recall 1000, reverse 600,
+    ...` where the tasks' differ."""
+    texts = {task: _text(defaults.get(name, getattr(_DEFAULTS, name)))
+             for task, defaults in TASK_DEFAULTS.items()}
     if len(set(texts.values())) == 1:
         return texts[TASK_NAMES[0]]
     return ", ".join(f"{task} {text}" for task, text in texts.items())
@@ -72,32 +59,28 @@ def _text(value):
 
 
 def _add(group, name, declared, axis=None, as_list=None):
-    """Adds the flag of setting `name`; `{default}` in its help becomes the
-    default's text. A setting given as text (`--scale`) or as one of its
-    choices is taken as text, checked when the config is validated. With
-    `axis` (more option names, maybe none) a plain value takes a list:
-    `as_list(convert)` parses it, each item as the single value is."""
+    """Adds the flag of setting `name`. Text and choices stay text, checked
+    by `validate()`. With `axis` (more option names, maybe none) a plain
+    value takes a list: `as_list(convert)` parses it, item by item."""
     help = declared.help
     if help is not None and "default" not in help and value_types(name) != (
             bool,) and getattr(_DEFAULTS, name) is not None:
         help = (help + " (default: {default})").strip()
     if help is not None:
         help = help.replace("{default}", default_text(name))
-    option = flag(name)
+    names = (flag(name), *declared.aliases)
     if value_types(name) == (list,):  # One value a flag, repeated.
-        group.add_argument(option, *declared.aliases, dest=name, default=None,
-                           action="append", metavar=declared.metavar,
-                           help=help)
+        group.add_argument(*names, dest=name, default=None, action="append",
+                           metavar=declared.metavar, help=help)
         return
     if value_types(name) == (bool,):
-        group.add_argument(option, *declared.aliases, dest=name, default=None,
+        group.add_argument(*names, dest=name, default=None,
                            action=argparse.BooleanOptionalAction, help=help)
         return
     metavar = declared.metavar or "N"
     if declared.choices is not None:
         metavar = "{" + ",".join(declared.choices) + "}"
     convert = _TYPES.get(value_types(name))
-    names = (option, *declared.aliases)
     if axis is not None:
         # The axis's own name first: argparse names a bad item by it.
         convert, names = as_list(convert), (*axis, *names)
@@ -107,17 +90,10 @@ def _add(group, name, declared, axis=None, as_list=None):
 
 
 def add_train_arguments(parser, axes=None, as_list=None):
-    """Adds every `TrainConfig` flag, and `--config`, `--quiet`, to a parser.
-
-    Args:
-        parser: an `argparse.ArgumentParser`.
-        axes: `{setting: more option names}` of the settings whose plain
-            value may be a list (a grid's axes, `pipelines.engine`).
-        as_list: `as_list(convert)`, the `type=` of such a list.
-
-    Returns:
-        The parser.
-    """
+    """Adds every `TrainConfig` flag, `--config` and `--quiet` to `parser`
+    and returns it. `axes`: `{setting: more option names}` of the settings
+    whose plain value may be a list (a grid's axes), each parsed by the
+    `type=` `as_list(convert)`."""
     groups = {key: parser.add_argument_group(title)
               for key, title in GROUPS.items()}
     for name, declared in DECLARED.items():
@@ -133,29 +109,16 @@ def add_train_arguments(parser, axes=None, as_list=None):
 
 
 def settings_from_args(args):
-    """The layers of settings that parsed flags give.
-
-    Args:
-        args: the `argparse.Namespace` of a parser set up with
-            `add_train_arguments`.
-
-    Returns:
-        A list of `Layer`s in increasing priority: `Layer("--config FILE",
-        {every key of the file})` when `--config` is given, then
-        `Layer("flags", {every flag given})` (`--quiet` gives `verbose=0`).
-
-    Raises:
-        UsageError: when the config file cannot be read or has unknown keys.
-    """
+    """The `Layer`s of parsed flags, in increasing priority:
+    `Layer("--config FILE", {every key of the file})` when `--config` is
+    given, then `Layer("flags", {every flag given})` (`--quiet`:
+    `verbose=0`). `UsageError` when the file is unreadable or wrong."""
     layers = []
     path = getattr(args, "config", None)
     if path is not None:  # `--config ''` is a file that cannot be read.
         layers.append(Layer(f"--config {path}", load_config_file(path)))
-    given = {
-        name: getattr(args, name)
-        for name in SETTINGS
-        if getattr(args, name, None) is not None
-    }
+    given = {name: getattr(args, name) for name in SETTINGS
+             if getattr(args, name, None) is not None}
     if getattr(args, "quiet", None):
         given["verbose"] = 0
     layers.append(Layer("flags", given))
@@ -163,23 +126,14 @@ def settings_from_args(args):
 
 
 def config_from_args(args):
-    """The resolved `TrainConfig` of parsed flags: `resolve_config` over
-    `settings_from_args(args)` (its errors are `UsageError`s naming flags)."""
+    """The resolved `TrainConfig` of parsed flags."""
     return resolve_config(settings_from_args(args))
 
 
 def load_config_file(path):
-    """Reads a JSON config file: the settings it gives, as a dict.
-
-    The file holds an object whose keys are `TrainConfig` settings, for
-    example `{"task": "sort", "steps": 500, "learning_rate": 0.003}`. A
-    run's `config.json` is such a file. Lay it over the defaults with
-    `resolve_config([Layer(f"--config {path}", values), ...])`.
-
-    Raises:
-        UsageError: if the file cannot be read, is not JSON, is not an
-            object, or has unknown keys.
-    """
+    """The settings of a JSON config file (such as a run's `config.json`),
+    `{"task": "sort", "steps": 500}`, as a dict; `UsageError` if the file
+    cannot be read, is not a JSON object, or has unknown keys."""
     problem = path_problem(path) if path else None
     if problem is not None:  # A pipe's `open` would wait for a writer.
         raise UsageError(f"--config {path}: {problem}")
@@ -188,8 +142,7 @@ def load_config_file(path):
             values = json.load(handle)
     except OSError as error:
         raise UsageError(
-            f"--config {path}: cannot read ({error.strerror})"
-        ) from None
+            f"--config {path}: cannot read ({error.strerror})") from None
     except UnicodeDecodeError:
         raise UsageError(f"--config {path}: not UTF-8 text") from None
     except json.JSONDecodeError as error:

@@ -1,12 +1,9 @@
-"""One process per run directory: an exclusive OS lock while it writes there.
+"""One process per run directory: an exclusive `fcntl.flock` on
+`directory/.lock` while it writes there.
 
-`run_directory_lock(directory)` holds `fcntl.flock` on `directory/.lock` for
-as long as the block runs. The kernel drops the lock when the process ends in
-any way (SIGKILL included), so a dead run never blocks the next start; the
-file itself stays and only says which process held it last. A second process
-asking for a held lock stops at once with `RunDirectoryBusy` (a
-`UsageError`: the command line exits 2 with one line) and writes nothing:
-the lock file is opened, never truncated, until the lock is taken.
+The kernel drops the lock when the process ends in any way (SIGKILL
+included), so a dead run never blocks the next start; the file stays and
+only says which process held it last.
 """
 
 import contextlib
@@ -16,7 +13,7 @@ import time
 
 from pipelines.common import UsageError
 from pipelines.common import WriteFailure
-from pipelines.failures import writing
+from pipelines.common import writing
 
 LOCK_FILE = ".lock"
 
@@ -32,24 +29,11 @@ class RunDirectoryBusy(UsageError):
 
 @contextlib.contextmanager
 def run_directory_lock(directory, flag="--logdir"):
-    """Holds the exclusive lock of the run directory `directory`.
-
-    Creates `directory` when it does not exist. Locks of different
-    directories are independent, also within one process; taking the lock of
-    a directory this process already holds through another block fails like
-    any other holder's.
-
-    Args:
-        directory: the run directory.
-        flag: the flag that named `directory`, for the message.
-
-    Yields:
-        The path of the lock file, which holds this process's pid.
-
-    Raises:
-        RunDirectoryBusy: when another process (or block) holds the lock;
-            the message names `directory` and the holder's pid.
-    """
+    """Holds the exclusive lock of `directory` (made if missing) for the
+    block; yields the lock file's path, which holds this pid. A second lock
+    of it, also in this process, fails at once with `RunDirectoryBusy`
+    naming `directory` (given by `flag`) and the holder's pid, and writes
+    nothing: the file is truncated only once locked."""
     path = os.path.join(directory, LOCK_FILE)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -78,13 +62,8 @@ def run_directory_lock(directory, flag="--logdir"):
 @contextlib.contextmanager
 def owning_logdir(logdir):
     """The block of a pipeline that writes many runs under `logdir`
-    (`compare`, `sweep`): one such process per logdir at a time (each run
-    also locks its own directory), and a refused write as one line.
-
-    Raises:
-        RunDirectoryBusy: when another process holds `logdir`.
-        EnvironmentFailure: when a write is refused (`failures.writing`).
-    """
+    (`compare`, `sweep`): `logdir`'s lock, and a refused write as one
+    line (`writing`)."""
     with run_directory_lock(logdir), writing():
         yield
 

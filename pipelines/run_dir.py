@@ -8,15 +8,7 @@
     DIR/train/          event files of the training steps (`TRAIN_LOGS`)
     DIR/validation/     event files of the held-out evaluation and the
                         diagnostics, the config and HParams (`EVAL_LOGS`)
-
     DIR/.lock           held by the one process writing the run (`locks`)
-
-`config_mismatch(run_dir, config)` is the one
-comparison of a stored config with a wanted one (train refuses to resume a
-different run, compare to reuse one); `restore_model(run_dir)` gives the
-trained model back. `writing_run(logdir, chief)` is the frame of every
-training run: the directory's lock, and a refused write reported as one
-line with the last step that is safely checkpointed.
 """
 
 import contextlib
@@ -39,10 +31,10 @@ from pipelines.common import UsageError
 from pipelines.common import one_line
 from pipelines.common import write_json_atomic
 from pipelines.common import WriteFailure
+from pipelines.common import writing
+from pipelines.locks import run_directory_lock
 from pipelines.settings import RUNTIME_FIELDS
 from pipelines.settings import TrainConfig
-from pipelines.failures import writing
-from pipelines.locks import run_directory_lock
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
@@ -58,26 +50,16 @@ EARLIER_EVAL_LOGS = "eval"
 
 _DERIVED = "derived from "
 # A setting missing from a stored config is newer than the run, which ran
-# as the setting's default does: a new setting's default keeps what ran
-# before it existed.
+# as the setting's default does.
 _SETTING_DEFAULTS = TrainConfig().to_dict()
 
 
 class Mismatch(NamedTuple):
-    """How a stored config differs from the wanted one: its first
-    difference, and the others.
-
-    Attributes:
-        name: the setting to name first: one the user gave or left at its
-            default, or, when only derived settings differ, the setting they
-            are derived from.
-        stored: its value in the run directory.
-        wanted: its value now.
-        derived: `(name, stored, wanted)` of the derived settings that
-            differ because `name` does.
-        others: the further differences, each a `Mismatch` (without
-            `others`), in name order.
-    """
+    """How a stored config differs from the wanted one: `name`, the setting
+    to name (one given or left at its default, or the one the differing
+    derived settings follow), its `stored` and `wanted` values, `derived`,
+    `(name, stored, wanted)` of the derived settings that differ with it,
+    and `others`, the further differences (each a `Mismatch`)."""
 
     name: str
     stored: object
@@ -90,10 +72,8 @@ class Mismatch(NamedTuple):
         text = f"{self.name}: {stored!r} there, {wanted!r} now"
         for name, stored, wanted in self.derived:
             stored, wanted = _differences(stored, wanted)
-            text += (
-                f"; {name}, derived from {self.name}: {stored!r} there, "
-                f"{wanted!r} now"
-            )
+            text += (f"; {name}, derived from {self.name}: {stored!r} "
+                     f"there, {wanted!r} now")
         return "; ".join([text, *map(str, self.others)])
 
 
@@ -108,21 +88,12 @@ def _differences(stored, wanted):
 
 
 def config_mismatch(run_dir, config):
-    """How `run_dir/config.json` differs from `config` (every difference,
-    the first one named first), or `None`.
-
-    `RUNTIME_FIELDS` may differ, and so may `precision` when `config` asks
-    for `"auto"` (the run stored what it resolved to). A setting the stored
-    config lacks counts as its dataclass default. When only settings
-    derived from another one differ (changing `--steps` changes the derived
-    `warmup_steps`; see `config.sources`), the mismatch names that one.
-
-    Args:
-        run_dir: a run directory (it need not exist).
-        config: the wanted `TrainConfig`.
-
-    Returns:
-        A `Mismatch`, or `None` when there is no stored config or it agrees.
+    """The `Mismatch` of `run_dir/config.json` (if any) and the wanted
+    `TrainConfig`, or `None`: the one comparison of the two (train refuses
+    to resume a different run, compare to reuse one). `RUNTIME_FIELDS` may
+    differ, and `precision` when `config` asks for `"auto"` (the run stored
+    what it resolved to); when only derived settings differ (`--steps`
+    changes `warmup_steps`), it names the one they derive from.
 
     Raises:
         UsageError: when the stored config cannot be read, or the run was
@@ -143,8 +114,7 @@ def config_mismatch(run_dir, config):
         # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError).
         raise UsageError(
             f"--logdir {run_dir}: cannot read {CONFIG_FILE} "
-            f"({type(error).__name__}: {one_line(error)})"
-        ) from None
+            f"({type(error).__name__}: {one_line(error)})") from None
     if isinstance(stored, dict):
         stored = {**_SETTING_DEFAULTS, **stored}
     wanted = config.to_dict()
@@ -181,8 +151,7 @@ def config_mismatch(run_dir, config):
 
 
 def write_run_config(logdir, config, task):
-    """Makes `logdir` and writes the run's `config.json`, and `vocab.json`
-    when the task has a vocabulary (`task.vocabulary_file()`)."""
+    """Makes `logdir` and writes its `config.json` (and `vocab.json`)."""
     os.makedirs(logdir, exist_ok=True)
     write_json_atomic(os.path.join(logdir, CONFIG_FILE), config.to_dict())
     vocabulary = task.vocabulary_file()
@@ -191,20 +160,18 @@ def write_run_config(logdir, config, task):
 
 
 def check_resumable(config):
-    """Raises `UsageError` when `config.logdir` holds a run with a different
-    config (other than the `RUNTIME_FIELDS`)."""
+    """`UsageError` when `config.logdir` holds a run of another config."""
     mismatch = config_mismatch(config.logdir, config)
     if mismatch is not None:
         raise UsageError(
             f"--logdir {config.logdir} holds a run with a different config "
-            f"({mismatch}); use a new --logdir"
-        )
+            f"({mismatch}); use a new --logdir")
 
 
 def completed_metrics(config):
     """The stored metrics when `config.logdir` holds this config's run,
-    finished (all its steps, or stopped on a non-finite loss), else `None`.
-    A finished run is not trained again: nothing in it is rewritten."""
+    finished (all its steps, or stopped on a non-finite loss), else `None`:
+    a finished run is not trained again."""
     metrics = read_metrics(config.logdir)
     if metrics is None or config_mismatch(config.logdir, config) is not None:
         return None
@@ -214,13 +181,9 @@ def completed_metrics(config):
 
 
 def read_metrics(run_dir):
-    """The run's `metrics.json`, or `None` when it has none (or it cannot be
-    read)."""
-    path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(path):
-        return None
+    """The run's `metrics.json`, or `None` when it has none readable."""
     try:
-        with open(path) as handle:
+        with open(os.path.join(run_dir, METRICS_FILE)) as handle:
             return json.load(handle)
     except (OSError, ValueError, RecursionError):
         return None
@@ -235,19 +198,11 @@ def save_model(model, path):
 
 @contextlib.contextmanager
 def writing_run(logdir, chief):
-    """The frame of a training run that writes `logdir`.
-
-    The chief holds the directory's lock (`locks.run_directory_lock`) for
-    the whole block. A write the system refuses (full disk, unwritable
-    file) ends the block with an `EnvironmentFailure` whose one line says
-    what could not be written and the last step safely checkpointed; the
-    partial checkpoint files of the failed save are removed first, so the
-    same command resumes from that step once there is space.
-
-    Raises:
-        RunDirectoryBusy: when another process holds `logdir`.
-        EnvironmentFailure: on a refused write.
-    """
+    """The frame of a training run that writes `logdir`: the chief holds
+    its lock (`RunDirectoryBusy` when taken), and a refused write ends the
+    block with an `EnvironmentFailure` naming the last step safely
+    checkpointed, the failed save's partial files removed, so the same
+    command resumes from there once there is space."""
     with contextlib.ExitStack() as stack:
         if chief:
             stack.enter_context(run_directory_lock(logdir))
@@ -265,8 +220,7 @@ def writing_run(logdir, chief):
                 "and run the same command to resume from there"
                 if step is not None else
                 "no step is checkpointed yet; free space and run the same "
-                "command to start again"
-            )
+                "command to start again")
             raise EnvironmentFailure(f"{failure}; {where}") from None
 
 
@@ -281,26 +235,13 @@ def _check_whole_zip(path):
     if damaged is not None:
         raise UsageError(
             f"cannot restore the run's model: {path} is damaged ({damaged}); "
-            "it is not a whole .keras file"
-        )
+            "it is not a whole .keras file")
 
 
 def restore_model(run_dir):
-    """The trained model of a run directory.
-
-    Loads `run_dir/model.keras` when the run finished, else rebuilds the
-    model from `run_dir/config.json` and restores the newest whole
-    checkpoint's weights.
-
-    Args:
-        run_dir: a directory written by `train`.
-
-    Returns:
-        A `keras.Model`.
-
-    Raises:
-        UsageError: when `run_dir` holds neither a model nor a checkpoint.
-    """
+    """The trained `keras.Model` of a run directory: its `model.keras`, or
+    else the model of its `config.json` with the newest whole checkpoint's
+    weights; `UsageError` when it holds neither."""
     model_path = os.path.join(run_dir, MODEL_FILE)
     if os.path.exists(model_path):
         _check_whole_zip(model_path)
@@ -311,8 +252,7 @@ def restore_model(run_dir):
             directory) is None:
         raise UsageError(
             f"{run_dir} holds no trained run ({MODEL_FILE}, or {CONFIG_FILE} "
-            f"with {CHECKPOINT_DIR}/)"
-        )
+            f"with {CHECKPOINT_DIR}/)")
     with open(config_path) as handle:
         config = TrainConfig.from_dict(json.load(handle), source=config_path)
     model = build_model(config)

@@ -1,14 +1,10 @@
-"""The settings of a training run: their declaration, the task defaults, resolving them with
-provenance (`resolve_config`: `config.sources`) and their checks (`config.validate()`, which
-says a library `ValueError` in flags, `--key-dim must be ...`, by `common.usage_error`).
-
-Each `TrainConfig` field is declared once, by `setting(...)`: type, default, group, help, check
-(a `keras_attention.validation` function; by type when none is given) and kind. The flags
-(`pipelines.flags`), the names below and `build_sequence_model`'s arguments (`group("model")`;
-`group("attention")`, its `attention_options`) derive from it: a new attention option is one
-line here and its work (and checks) in the layer. Layers resolve in this order (later wins):
+"""The settings of a training run: each `TrainConfig` field declared once, by `setting(...)`
+(type, default, group, help, check, kind), whence the flags, the names below and the model's
+arguments; the task defaults; `resolve_config` (with provenance, `config.sources`), in order
 
     dataclass defaults < TASK_DEFAULTS[task] < preset < --config file < flags
+
+and `config.validate()`, which says a library `ValueError` in flags (`--key-dim must be ...`).
 """
 
 import dataclasses
