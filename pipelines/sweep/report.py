@@ -1,6 +1,4 @@
-"""The sweep's report: `sweep.json` (the document) and `sweep.md`, built
-from the same document (`sweep.html` is `sweep.md` made self-contained,
-`pipelines.reports.page`)."""
+"""The sweep's `sweep.json` document and `sweep.md`, built from it."""
 
 from pipelines.common import markdown_table
 from pipelines.reports.numbers import SD_NOTE
@@ -11,11 +9,10 @@ from pipelines.sweep.analysis import sensitivities
 from pipelines.sweep.analysis import verdicts
 from pipelines.sweep.init_picture import growth_exponents
 
+
 def overhead(records):
-    """Per-run overhead: a run's wall time minus its steady training time
-    (`(steps - 1) / steps_per_s`), i.e. building, compiling, the first
-    step, evaluations, diagnostics, checkpoints and saving; as seconds and
-    as a fraction of the training time."""
+    """Per-run overhead: wall time minus steady training time
+    (`(steps - 1) / steps_per_s`), in seconds and as a fraction of it."""
     rows = [r for r in records if r.get("wall_time_s") and r.get("steps_per_s")]
     if not rows:
         return None
@@ -123,8 +120,7 @@ def _summary_lines(document):
 
 
 def render_markdown(document, figures=()):
-    """`sweep.md`; `figures` are the entries of
-    `pipelines.reports.plotting.write_figures`."""
+    """`sweep.md`; `figures`: the entries of `write_figures`."""
     best, init, runs = _tables(document)
     lines = ["# Learning-rate sweep: does the scale matter once the rate is "
              "tuned?", "", *_summary_lines(document), ""]
