@@ -45,9 +45,8 @@ from pipelines.reports.plotting import write_figures
 from pipelines.reports.probes import probe_at_init
 from pipelines.variance import variance_table
 
-COMPARISON_JSON = "comparison.json"
-COMPARISON_MD = "comparison.md"
-COMPARISON_HTML = "comparison.html"
+COMPARISON_JSON, COMPARISON_MD, COMPARISON_HTML = (
+    "comparison.json", "comparison.md", "comparison.html")
 DEFAULT_LOGDIR = os.path.join("runs", "compare")
 
 __all__ = [
@@ -67,14 +66,9 @@ def compare(plan, log=print):
 
 def report(plan, missing, timing, log=print, started=None):
     """Measures the finished runs of `plan`, decides its claims and writes
-    the documents, figures, heat maps and TensorBoard summaries.
-
-    Args:
-        missing: names of trained runs not finished (`--report-only`).
-        timing: the engine's record of what it trained now (None when it
-            trained nothing).
-        started: when the invocation started (for its wall time).
-    """
+    the documents, figures, heat maps and TensorBoard summaries; `missing`:
+    the runs not finished (`--report-only`), `timing`: the engine's record
+    of what it trained now (None: nothing), `started`: for the wall time."""
     started = time.time() if started is None else started
     claims = grid_claims(plan)
     results = collect(plan, log=log)
