@@ -50,8 +50,9 @@ COMPARISON_JSON, COMPARISON_MD, COMPARISON_HTML = (
 DEFAULT_LOGDIR = os.path.join("runs", "compare")
 
 __all__ = [
-    "PRESETS", "plan_from_args", "probe_at_init", "compare", "report", "evaluate_claims", "render_report", "summary_text",
-    "add_arguments", "run",
+    "PRESETS", "plan_from_args", "probe_at_init", "compare", "report",
+    "evaluate_claims", "render_report", "summary_text", "add_arguments",
+    "run",
 ]
 
 
@@ -202,8 +203,8 @@ def plan_from_args(args):
 
 
 def _length_multiples(text, plan):
-    """Sets `plan.options["length_multiples"]` from the flag (default: the
-    preset's) and checks the runs can be read at those lengths."""
+    """Sets and checks `plan.options["length_multiples"]` (default: the
+    preset's)."""
     if text is not None:
         plan.options["length_multiples"] = (
             [] if text.strip() == "none"

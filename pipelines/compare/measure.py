@@ -112,8 +112,7 @@ def _trained_record(spec, plan):
 
 
 def _heatmaps(spec, init):
-    """The spec's heat map entries at init (and trained, when it was): the
-    weights drawn and the probe example's token labels."""
+    """The spec's heat map entries at init (and trained, when it was)."""
     stages = [("init", init)]
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))

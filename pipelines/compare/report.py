@@ -34,8 +34,7 @@ def _stage_values(results, arm, key_dim, stage, key):
 
 
 def _bits_rows(plan, results, key_dim):
-    """Text runs: held-out bits per character per arm and the unigram
-    baseline beside it (no rows on the toy tasks)."""
+    """Text runs' bits per character per arm and the unigram baseline."""
     rows = []
     for label, key in (("held-out bits per character", "final_bits"),
                        ("unigram baseline (bits per character)",

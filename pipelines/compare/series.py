@@ -30,8 +30,7 @@ CURVE_METRICS = (
 
 
 def _series(by_seed):
-    """Mean, sd and count per step of `[{step: value}]` (one per seed);
-    values that are not finite (a diverged run's loss) are left out."""
+    """Mean, sd and count per step of `[{step: value}]`, finite values."""
     points = [{"step": step, "value": value} for values in by_seed
               for step, value in values.items()
               if value is not None and math.isfinite(value)]
@@ -83,8 +82,7 @@ def _over_key_dims(stats, arm):
 
 
 def _ratios(stats):
-    """Unscaled over scaled mean of one `init_stats` per key_dim both arms
-    measured."""
+    """Unscaled over scaled mean per key_dim both arms measured."""
     scaled, unscaled = PAIR
     key_dims = sorted(set(_key_dims(stats, scaled))
                       & set(_key_dims(stats, unscaled)))

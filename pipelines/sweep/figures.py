@@ -13,8 +13,7 @@ def _panels(items):
 
 
 def _curve_rows(curve_list, rows, title):
-    """Rows of (metric, label, log y) by columns of (optimizer, d_k); a
-    line per arm, its band the seeds' min to max."""
+    """Rows of (metric, label, log y) by columns of (optimizer, d_k)."""
     panels = _panels(curve_list)
     figure, axes = new_figure(4.2 * len(panels), 3.2 * len(rows), len(rows),
                               len(panels))
