@@ -1,20 +1,11 @@
 """`keras-attention compare`: the lesson's claims measured over a grid of
 runs, scaled vs unscaled attention side by side.
 
-The grid is the experiment engine's (`pipelines.engine`: it trains,
-resumes and shards the runs); this package is the report over them. The
-command's outputs and how to read them are in docs/experiments.md.
-
-    __init__     the command line and `report`, which iterates the claims
-                 the preset names (all of `claims` by default)
-    measure      one record per run, the init-only probes, the heat maps,
-                 and how claims read the records (the grid's slice, ...)
-    series       the numbers behind the d_k figures: curves over steps,
-                 init statistics over d_k
-    claims/      one module per claim: variance, saturation, learning,
-                 depth, length (with `length_measures`)
-    report       comparison.md, comparison.json and the figure list
-    tensorboard  the HParams metrics, the claims' scalars, the curves
+The grid is the experiment engine's (`pipelines.engine`); this package is
+the report over it (docs/experiments.md): `measure` (the records, probes
+and heat maps), `series` (curves over steps, init statistics over d_k),
+`claims/` (one module per claim), `report` (comparison.md and .json, the
+figures) and `tensorboard`.
 """
 
 import json
@@ -33,7 +24,7 @@ from pipelines.compare.measure import collect
 from pipelines.compare.measure import sliced
 from pipelines.compare.measure import write_heatmaps
 from pipelines.compare.report import build_comparison
-from pipelines.compare.report import key_dim_table
+from pipelines.compare.report import key_dim_tables
 from pipelines.compare.report import make_figures
 from pipelines.compare.report import render_report
 from pipelines.compare.report import verdict_line
@@ -52,33 +43,23 @@ from pipelines.engine import write_grid_experiment
 from pipelines.reports.page import render_page
 from pipelines.reports.plotting import write_figures
 from pipelines.reports.probes import probe_at_init
-from pipelines.reports.probes import probe_trained
 from pipelines.variance import variance_table
 
-COMPARISON_JSON = "comparison.json"
-COMPARISON_MD = "comparison.md"
-COMPARISON_HTML = "comparison.html"
+COMPARISON_JSON, COMPARISON_MD, COMPARISON_HTML = (
+    "comparison.json", "comparison.md", "comparison.html")
 DEFAULT_LOGDIR = os.path.join("runs", "compare")
 
 __all__ = [
-    "PRESETS", "plan_from_args", "probe_at_init", "probe_trained",
-    "compare", "report", "evaluate_claims", "render_report", "summary_text",
-    "add_arguments", "run",
+    "PRESETS", "plan_from_args", "probe_at_init", "compare", "report",
+    "evaluate_claims", "render_report", "summary_text", "add_arguments",
+    "run",
 ]
 
 
 def compare(plan, log=print):
-    """Runs a comparison: trains what is missing, measures, writes the
-    report (`pipelines.engine.run_grid` with `report`).
-
-    Returns:
-        The `comparison.json` document (a dict), or None when a shard
-        leaves runs of other shards to finish.
-
-    Raises:
-        RunDirectoryBusy: when another process holds `plan.logdir`.
-        EnvironmentFailure: when a write is refused or runs failed.
-    """
+    """Trains what is missing and writes the report; returns the
+    comparison.json document, or None when a shard leaves runs to others.
+    Raises `RunDirectoryBusy` and `EnvironmentFailure` as `run_grid`."""
     started = time.time()
     return run_grid(
         plan, lambda *args: report(*args, started=started), log=log)
@@ -86,17 +67,9 @@ def compare(plan, log=print):
 
 def report(plan, missing, timing, log=print, started=None):
     """Measures the finished runs of `plan`, decides its claims and writes
-    comparison.json, comparison.md, comparison.html, the figures, the heat
-    maps and the TensorBoard summaries.
-
-    Args:
-        plan: the `Grid` of the finished runs.
-        missing: names of trained runs not finished (`--report-only`).
-        timing: the engine's record of what it trained now (None when it
-            trained nothing).
-        log: receives progress lines.
-        started: when the invocation started (for its wall time).
-    """
+    the documents, figures, heat maps and TensorBoard summaries; `missing`:
+    the runs not finished (`--report-only`), `timing`: the engine's record
+    of what it trained now (None: nothing), `started`: for the wall time."""
     started = time.time() if started is None else started
     claims = grid_claims(plan)
     results = collect(plan, log=log)
@@ -143,14 +116,13 @@ def report(plan, missing, timing, log=print, started=None):
 
 
 def grid_claims(plan):
-    """The claim modules the grid's preset names (`options["claims"]`),
-    by default every claim."""
+    """The claim modules the grid's preset names (default: all)."""
     return named(plan.options.get("claims", CLAIMS))
 
 
 def evaluate_claims(plan, results, claims=None, log=print):
-    """`{number: evidence}` of the claims that apply to the grid, each
-    measured from `results` (`measure.collect`, with `"variance"`)."""
+    """`{number: evidence}` of the claims that apply to the grid, measured
+    from `results` (`measure.collect`, with `"variance"`)."""
     return {claim.NUMBER: claim.measure(plan, results, log)
             for claim in claims or grid_claims(plan)
             if claim.applies(plan)}
@@ -158,19 +130,9 @@ def evaluate_claims(plan, results, claims=None, log=print):
 
 def summary_text(plan, document):
     """What the command prints: per-key_dim tables and the verdicts."""
-    results = sliced(plan, {
-        "runs": document["runs"],
-        "init_only": document["init_only"],
-        "heatmaps": document["heatmaps"],
-    })
-    lines = []
-    for key_dim in reversed(plan.axis("key_dim")):
-        trained = key_dim in plan.trained_axis("key_dim")
-        lines += [
-            f"d_k = {key_dim}" + ("" if trained else " (init only)"),
-            *key_dim_table(plan, results, key_dim),
-            "",
-        ]
+    results = sliced(plan, {key: document[key]
+                            for key in ("runs", "init_only", "heatmaps")})
+    lines = key_dim_tables(plan, results)
     lines += [verdict_line(plan, claim, document["claims"][claim.NUMBER])
               for claim in grid_claims(plan)
               if claim.NUMBER in document["claims"]]
@@ -211,11 +173,8 @@ def add_arguments(parser):
 
 
 def plan_from_args(args):
-    """The checked `Grid` of parsed `compare` flags.
-
-    Raises:
-        UsageError: on any bad flag, before anything is written.
-    """
+    """The checked `Grid` of parsed `compare` flags (`UsageError` on a bad
+    one, before anything is written)."""
     if args.preset is None:
         # Real text has its own grid; every other task the toy default.
         args.preset = "text" if getattr(args, "task", None) == "text" \
@@ -244,8 +203,8 @@ def plan_from_args(args):
 
 
 def _length_multiples(text, plan):
-    """Sets `plan.options["length_multiples"]` from the flag (or keeps the
-    preset's) and checks the runs can be read at those lengths."""
+    """Sets and checks `plan.options["length_multiples"]` (default: the
+    preset's)."""
     if text is not None:
         plan.options["length_multiples"] = (
             [] if text.strip() == "none"

@@ -1,8 +1,6 @@
-"""What a comparison measures of its runs, for every claim: one record per
-trained run (`collect`), the init statistics of the key dims measured at
-init only, the probe attention of the heat maps; and how the claims read
-those records (`sliced`, `init_values`, `run_values`, ...).
-"""
+"""What a comparison measures of its runs for the claims (`collect`: the
+records, the init-only probes, the heat maps) and how the claims read
+those records (`sliced`, `init_values`, `run_values`, ...)."""
 
 import io
 import os
@@ -15,7 +13,7 @@ from pipelines.common import write_bytes_atomic
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
 from pipelines.engine.presets import PAIR
-from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import over_seeds
 from pipelines.reports.probes import probe_at_init
 from pipelines.reports.probes import probe_trained
 from pipelines.run_dir import read_metrics
@@ -27,39 +25,20 @@ HEATMAP_DIR = "heatmaps"
 MAX_HEATMAP_POSITIONS = 128
 
 
-def _summary(diagnostics_summary):
+def _summary(summary):
     """The `SUMMARY_KEYS` of a diagnostics summary as floats (or None)."""
-    if not diagnostics_summary:
+    if not summary:
         return None
-    return {
-        key: (
-            float(diagnostics_summary[key])
-            if diagnostics_summary.get(key) is not None
-            else None
-        )
-        for key in SUMMARY_KEYS
-    }
+    return {key: None if summary.get(key) is None else float(summary[key])
+            for key in SUMMARY_KEYS}
 
 
 # ------------------------------------------------------------ heat maps
-def probe_attention(diagnostics):
-    """The first probe example's weights in the first attention layer,
-    `(heads, T, S)`."""
-    first_layer = sorted(diagnostics["layers"])[0]
-    return np.asarray(diagnostics["layers"][first_layer]["weights"])[0]
-
-
 def pool_attention(weights, labels, max_positions=MAX_HEATMAP_POSITIONS):
-    """Pools `(heads, T, S)` maps of a long context to at most
-    `max_positions` cells a side: blocks of `k = ceil(T / max_positions)`
-    positions, the mean over a block's queries and the sum over a block's
-    keys (so every row is still a distribution over the key blocks), each
-    block labelled by its positions' labels joined. Shorter maps come back
-    unchanged.
-
-    Returns:
-        `(weights, labels)`.
-    """
+    """`(weights, labels)` of `(heads, T, T)` maps pooled to at most
+    `max_positions` cells a side: blocks of `ceil(T / max_positions)`
+    positions, the mean over a block's queries and the sum over its keys
+    (rows stay distributions), labels joined; shorter maps unchanged."""
     weights = np.asarray(weights)
     length = weights.shape[-1]
     if weights.shape[-2] != length or len(labels) != length:
@@ -81,24 +60,14 @@ def pool_attention(weights, labels, max_positions=MAX_HEATMAP_POSITIONS):
     return pooled, joined
 
 
-def heatmap_png(weights, labels, title):
-    """PNG bytes of one example's labelled attention maps (all heads; queries
-    down, keys across; one colour scale, [0, 1])."""
-    figure = plot_attention(weights, labels, vmax=1.0, title=title)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    return buffer.getvalue()
-
-
 # Per-layer statistics a depth comparison keeps (head means).
 LAYER_KEYS = ("entropy_normalized", "max_weight", "score_std",
               "grad_norm_scores")
 
 
 def layer_profile(diagnostics):
-    """`[{key: value}]` over the attention layers, bottom first, of a
-    diagnostics record's `"layers"` (each value the mean over heads); None
-    without one."""
+    """`[{key: mean over heads}]` per attention layer, bottom first, of a
+    diagnostics record (None without layers)."""
     layers = (diagnostics or {}).get("layers")
     if not layers:
         return None
@@ -110,7 +79,11 @@ def layer_profile(diagnostics):
 
 
 # ------------------------------------------------------------ collect
-def _run_record(spec, metrics, plan):
+def _trained_record(spec, plan):
+    """The record of a finished run."""
+    metrics = read_metrics(spec.config.logdir)
+    if metrics is None:
+        raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
     diagnostics = metrics.get("diagnostics") or {}
     init = diagnostics.get("init") or {}
     final = diagnostics.get("final") or {}
@@ -118,7 +91,7 @@ def _run_record(spec, metrics, plan):
         "arm": spec.arm,
         "key_dim": spec.values["key_dim"],
         "seed": spec.values["seed"],
-        **_slice_values(plan, spec.values),
+        **{name: spec.values[name] for name in plan.slice()},
         "run": spec.name,
         "final_accuracy": metrics.get("heldout_accuracy"),
         "final_loss": metrics.get("heldout_loss"),
@@ -126,12 +99,9 @@ def _run_record(spec, metrics, plan):
         # beside it (None on the toy tasks).
         "final_bits": metrics.get("heldout_bits_per_character"),
         "unigram_bits": metrics.get("heldout_unigram_bits_per_character"),
-        "steps": metrics.get("steps"),
-        "steps_to_target": metrics.get("steps_to_target"),
-        "target_accuracy": metrics.get("target_accuracy"),
-        "diverged_at_step": metrics.get("diverged_at_step"),
-        "wall_time_s": metrics.get("wall_time_s"),
-        "eval_history": metrics.get("eval_history"),
+        **{key: metrics.get(key) for key in (
+            "steps", "steps_to_target", "target_accuracy",
+            "diverged_at_step", "wall_time_s", "eval_history")},
         "init": _summary(init.get("summary")),
         "final": _summary(final.get("summary")),
     }
@@ -141,24 +111,8 @@ def _run_record(spec, metrics, plan):
     return record
 
 
-def _slice_values(plan, values):
-    """A run's values of the axes besides d_k and the seed, for its
-    record."""
-    return {name: values[name] for name in plan.slice()}
-
-
-def _trained_record(spec, plan):
-    """The record of a finished run."""
-    metrics = read_metrics(spec.config.logdir)
-    if metrics is None:
-        raise RuntimeError(f"{spec.config.logdir} has no metrics.json")
-    return _run_record(spec, metrics, plan)
-
-
 def _heatmaps(spec, init):
-    """The spec's heat map entries at init (and trained, when it was), for
-    the report and comparison.json: the weights drawn and the probe
-    example's token labels."""
+    """The spec's heat map entries at init (and trained, when it was)."""
     stages = [("init", init)]
     if spec.trained:
         stages.append(("final", probe_trained(spec.config)))
@@ -168,14 +122,16 @@ def _heatmaps(spec, init):
     entries = []
     for stage, diagnostics in stages:
         filename = f"{spec.name}-{stage}.png"
-        weights, labels = pool_attention(probe_attention(diagnostics),
-                                         labels_at_full)
+        # The first probe example in the first attention layer.
+        layers = diagnostics["layers"]
+        weights, labels = pool_attention(
+            np.asarray(layers[sorted(layers)[0]]["weights"])[0],
+            labels_at_full)
         entries.append(
             {"arm": spec.arm, "key_dim": spec.values["key_dim"],
              "seed": spec.values["seed"], "stage": stage,
              "path": f"{HEATMAP_DIR}/{filename}", "title": f"{spec.name}, "
-             f"{stage}", "labels": labels, "weights": weights.tolist()}
-        )
+             f"{stage}", "labels": labels, "weights": weights.tolist()})
     return entries
 
 
@@ -184,24 +140,21 @@ def write_heatmaps(logdir, entries):
     and drops its `"title"` (comparison.json keeps the rest)."""
     os.makedirs(os.path.join(logdir, HEATMAP_DIR), exist_ok=True)
     for entry in entries:
-        write_bytes_atomic(
-            os.path.join(logdir, entry["path"]),
-            heatmap_png(np.asarray(entry["weights"]), entry["labels"],
-                        entry.pop("title")))
+        figure = plot_attention(np.asarray(entry["weights"]), entry["labels"],
+                                vmax=1.0, title=entry.pop("title"))
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=110)
+        write_bytes_atomic(os.path.join(logdir, entry["path"]),
+                           buffer.getvalue())
 
 
 def collect(plan, log=print):
-    """Reads the trained runs, measures the untrained key dims at init and
-    the probe attention of the heat maps (both in the grid's slice
-    only); writes nothing (`write_heatmaps` draws them).
-
-    Returns:
-        A dict `{"runs": [...], "init_only": [...], "heatmaps": [...]}`.
-    """
+    """`{"runs", "init_only", "heatmaps"}`: the trained runs' records, the
+    untrained key dims probed at init and the heat maps' probe attention
+    (both in the grid's slice); writes nothing."""
     runs, init_only, heatmaps = [], [], []
-    heatmap_key_dim = (
-        plan.trained_axis("key_dim")[-1] if plan.trained_axis("key_dim") else plan.axis("key_dim")[-1]
-    )
+    heatmap_key_dim = (plan.trained_axis("key_dim")
+                       or plan.axis("key_dim"))[-1]
     heatmap_seed = plan.seeds[0]
     for spec in plan.runs():
         if spec.trained:
@@ -214,15 +167,11 @@ def collect(plan, log=print):
         if wants_heatmap or not spec.trained:
             init = probe_at_init(spec.config)
         if not spec.trained:
-            init_only.append(
-                {
-                    "arm": spec.arm,
-                    "key_dim": spec.values["key_dim"],
-                    "seed": spec.values["seed"],
-                    **_slice_values(plan, spec.values),
-                    "init": _summary(init["summary"]),
-                }
-            )
+            init_only.append({
+                "arm": spec.arm, "key_dim": spec.values["key_dim"],
+                "seed": spec.values["seed"],
+                **{name: spec.values[name] for name in plan.slice()},
+                "init": _summary(init["summary"])})
         if wants_heatmap:
             heatmaps += _heatmaps(spec, init)
     return {"runs": runs, "init_only": init_only, "heatmaps": heatmaps}
@@ -244,15 +193,12 @@ def has_pair(plan):
     return all(arm in plan.arms for arm in PAIR)
 
 
-def group_init(results):
-    """`{arm: {key_dim: [init summary, ...]}}` over trained and init-only
-    runs."""
-    grouped = {}
-    for record in results["runs"] + results["init_only"]:
-        if record["init"] is not None:
-            grouped.setdefault(record["arm"], {}).setdefault(
-                record["key_dim"], []).append(record["init"])
-    return grouped
+def init_stats(results, key):
+    """`{(arm, key_dim): {"mean", "sd", "values"}}` of the init statistic
+    `key` over the seeds of the trained and init-only runs."""
+    return over_seeds([r for r in results["runs"] + results["init_only"]
+                       if r["init"] is not None], ("arm", "key_dim"),
+                      lambda r: r["init"][key])
 
 
 def init_values(results, arm, key_dim, key):
@@ -272,14 +218,16 @@ def run_values(results, arm, key_dim, getter):
 def init_points(results, keys):
     """`[(init/<key>/<arm>, mean over seeds, d_k)]` of the init statistics
     `keys`, for a claim's TensorBoard scalars over d_k."""
-    return [(f"init/{key}/{arm}", mean_sd([s[key] for s in summaries])[0],
-             key_dim)
-            for arm, by_key_dim in group_init(results).items()
-            for key_dim, summaries in sorted(by_key_dim.items())
+    stats = {key: init_stats(results, key) for key in keys}
+    groups = list(stats[keys[0]])
+    arms = list(dict.fromkeys(arm for arm, _ in groups))
+    return [(f"init/{key}/{arm}", stats[key][arm, key_dim]["mean"], key_dim)
+            for arm, key_dim in sorted(
+                groups, key=lambda group: (arms.index(group[0]), group[1]))
             for key in keys]
 
 
 def document_arms(document, by_arm):
-    """The arms of `by_arm` in the comparison's order (comparison.json
-    keeps its keys sorted)."""
+    """The arms of `by_arm` in the comparison's order (comparison.json sorts
+    its keys)."""
     return [arm for arm in document["arms"] if arm in by_arm]

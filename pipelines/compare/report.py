@@ -1,7 +1,6 @@
-"""The comparison's documents: `comparison.md` (`render_report`), whose
-verdicts and sections are the claims' own, `comparison.json`
-(`build_comparison`) and the figures (`make_figures`), every claim's in
-the order of their letters."""
+"""The comparison's `comparison.md` (`render_report`, its verdicts and
+sections the claims' own), `comparison.json` (`build_comparison`) and
+figures (`make_figures`)."""
 
 from pipelines.common import markdown_table
 from pipelines.common import to_jsonable
@@ -35,8 +34,7 @@ def _stage_values(results, arm, key_dim, stage, key):
 
 
 def _bits_rows(plan, results, key_dim):
-    """Text runs: held-out bits per character per arm and the unigram
-    baseline beside it (no rows on the toy tasks)."""
+    """Text runs' bits per character per arm and the unigram baseline."""
     rows = []
     for label, key in (("held-out bits per character", "final_bits"),
                        ("unigram baseline (bits per character)",
@@ -76,6 +74,18 @@ def key_dim_table(plan, results, key_dim):
                 for arm in plan.arms
             )])
     return markdown_table(["", *plan.arms], rows, left_columns=1)
+
+
+def key_dim_tables(plan, results, markdown=False):
+    """The table of every d_k, the largest first, under its title (a
+    Markdown heading when `markdown`)."""
+    lines = []
+    for key_dim in reversed(plan.axis("key_dim")):
+        trained = key_dim in plan.trained_axis("key_dim")
+        title = f"d_k = {key_dim}" + ("" if trained else " (init only)")
+        lines += ([f"### {title}", ""] if markdown else [title])
+        lines += [*key_dim_table(plan, results, key_dim), ""]
+    return lines
 
 
 def _header(plan, results, wall_time_s, trained_now):
@@ -191,8 +201,7 @@ def _notes(base):
 
 
 def _figure_lines(figures, page):
-    """The figures section: one image per figure (its caption as the alt
-    text) and the self-contained page's name."""
+    """The figures section: an image per figure and the page's name."""
     if not figures:
         return []
     lines = ["## Figures", "",
@@ -209,12 +218,9 @@ def render_report(plan, results, claims, measured, wall_time_s=None,
                   missing=()):
     """The comparison report as Markdown text.
 
-    `claims` are the claim modules, `measured` their evidence by number;
-    `figures` are the entries of `pipelines.reports.plotting.write_figures`
-    (name, caption, path), linked in a section after the verdicts; `page`
-    names the HTML version; `missing` names the runs not finished yet (a
-    report over the finished ones). `results` holds every run; the d_k
-    tables read their slice (`measure.sliced`)."""
+    `measured`: the `claims`' evidence by number; `figures`: the entries of
+    `write_figures`; `page`: the HTML version's name; `missing`: the runs
+    not finished yet. The d_k tables read the slice of `results`."""
     lines = _header(plan, results, wall_time_s, trained_now) + [""]
     every_run, results = results, sliced(plan, results)
     if missing:
@@ -226,15 +232,8 @@ def render_report(plan, results, claims, measured, wall_time_s=None,
     for claim in claims:
         if claim.NUMBER in measured:
             lines += claim.section(plan, measured[claim.NUMBER], every_run)
-    lines += ["## Results per key_dim (mean ± sd over seeds)", ""]
-    for key_dim in reversed(plan.axis("key_dim")):
-        trained = key_dim in plan.trained_axis("key_dim")
-        lines += [
-            f"### d_k = {key_dim}" + ("" if trained else " (init only)"),
-            "",
-            *key_dim_table(plan, results, key_dim),
-            "",
-        ]
+    lines += ["## Results per key_dim (mean ± sd over seeds)", "",
+              *key_dim_tables(plan, results, markdown=True)]
     lines += _heatmap_lines(results["heatmaps"])
     lines += _notes(plan.base)
     return "\n".join(lines)
@@ -266,8 +265,8 @@ def build_comparison(plan, results, measured, wall_time_s):
 
 
 def make_figures(document, claims):
-    """`[(name, caption, Figure)]` of the claims' figures the document has
-    data for, in the order of their captions' letters."""
+    """`[(name, caption, Figure)]` of the claims' figures with data, in the
+    order of their captions' letters."""
     table = sorted((entry for claim in claims for entry in claim.FIGURES),
                    key=lambda entry: entry[1][:3])
     return draw_figures(table, document)

@@ -1,19 +1,15 @@
-"""The numbers behind the comparison's pictures, kept in comparison.json.
-
-`collect_curves` reads every trained run's held-out curves from its event
-files (`<run>/eval/`) and averages them over seeds, per (key_dim, arm) and
-step: the `"curves"` of comparison.json, drawn by the custom-scalars layout
-and by figure (a). `figure_data` gathers the init statistics over d_k per
-arm: the `"figures"` of comparison.json, drawn by figures (b) to (d).
-Figure (e) draws the `"heatmaps"` entries (probe weights and labels).
-"""
+"""The numbers behind the comparison's figures, kept in comparison.json:
+the held-out curves over steps (`collect_curves`, its `"curves"`) and the
+init statistics over d_k (`figure_data`, its `"figures"`)."""
 
 import math
 import os
+from operator import itemgetter
 
-from pipelines.compare.measure import group_init
+from pipelines.compare.measure import init_stats
 from pipelines.engine.presets import PAIR
-from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import over_seeds
+from pipelines.reports.numbers import ratio
 from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
 from pipelines.reports.plotting import series_panel
@@ -34,33 +30,21 @@ CURVE_METRICS = (
 
 
 def _series(by_seed):
-    """Mean, sd and count per step of `[{step: value}]` (one per seed);
-    values that are not finite (a diverged run's loss) are left out."""
-    steps = sorted({step for values in by_seed for step in values})
-    curve = {"steps": [], "mean": [], "sd": [], "count": []}
-    for step in steps:
-        values = [values[step] for values in by_seed
-                  if values.get(step) is not None
-                  and math.isfinite(values[step])]
-        if not values:
-            continue
-        mean, sd = mean_sd(values)
-        curve["steps"].append(step)
-        curve["mean"].append(mean)
-        curve["sd"].append(sd)
-        curve["count"].append(len(values))
-    return curve
+    """Mean, sd and count per step of `[{step: value}]`, finite values."""
+    points = [{"step": step, "value": value} for values in by_seed
+              for step, value in values.items()
+              if value is not None and math.isfinite(value)]
+    stats = sorted(over_seeds(points, ("step",), itemgetter("value")).items())
+    return {"steps": [step for (step,), _ in stats],
+            "mean": [s["mean"] for _, s in stats],
+            "sd": [s["sd"] for _, s in stats],
+            "count": [len(s["values"]) for _, s in stats]}
 
 
 def collect_curves(plan):
-    """Per trained (key_dim, arm): each metric of `CURVE_METRICS` over the
-    steps, mean ± sd over the seeds (sample sd, 0 for one seed); with other
-    axes, of the runs in the grid's slice (`Grid.in_slice`).
-
-    Returns:
-        A list of `{"key_dim", "arm", "seeds", "metrics": {name: {"steps",
-        "mean", "sd", "count"}}}`, in the plan's order.
-    """
+    """Per trained (key_dim, arm) in the grid's slice: `{"key_dim", "arm",
+    "seeds", "metrics": {name: {"steps", "mean", "sd", "count"}}}`, each
+    metric of `CURVE_METRICS` over the steps, mean ± sd over the seeds."""
     runs = {}
     for spec in plan.runs():
         if spec.trained and plan.in_slice(spec.values):
@@ -85,60 +69,56 @@ def collect_curves(plan):
     return curves
 
 
-def _over_key_dims(grouped, key):
-    """`{"key_dims", "mean", "sd"}` of the init statistic `key` of one arm."""
-    key_dims = sorted(grouped)
-    pairs = [mean_sd([summary[key] for summary in grouped[k]])
-             for k in key_dims]
-    return {"key_dims": key_dims, "mean": [m for m, _ in pairs],
-            "sd": [s for _, s in pairs]}
+def _key_dims(stats, arm):
+    return sorted(key_dim for name, key_dim in stats if name == arm)
 
 
-def _ratios(grouped, key):
-    """Unscaled over scaled mean of the init statistic `key` per key_dim
-    both arms measured."""
-    scaled, unscaled = grouped.get(PAIR[0], {}), grouped.get(PAIR[1], {})
-    key_dims = sorted(set(scaled) & set(unscaled))
-    values = []
-    for key_dim in key_dims:
-        numerator = mean_sd([s[key] for s in unscaled[key_dim]])[0]
-        denominator = mean_sd([s[key] for s in scaled[key_dim]])[0]
-        values.append(numerator / denominator if denominator else None)
-    return {"key_dims": key_dims, "ratio": values}
+def _over_key_dims(stats, arm):
+    """`{"key_dims", "mean", "sd"}` of one arm's `init_stats`."""
+    key_dims = _key_dims(stats, arm)
+    return {"key_dims": key_dims,
+            "mean": [stats[arm, k]["mean"] for k in key_dims],
+            "sd": [stats[arm, k]["sd"] for k in key_dims]}
+
+
+def _ratios(stats):
+    """Unscaled over scaled mean per key_dim both arms measured."""
+    scaled, unscaled = PAIR
+    key_dims = sorted(set(_key_dims(stats, scaled))
+                      & set(_key_dims(stats, unscaled)))
+    return {"key_dims": key_dims,
+            "ratio": [ratio(stats[unscaled, k]["mean"],
+                            stats[scaled, k]["mean"]) for k in key_dims]}
 
 
 def figure_data(plan, results):
-    """The data of figures (b) to (d), from the init statistics of every
-    run (trained and init-only).
-
-    Returns:
-        `{"init_entropy": {arm: {"key_dims", "mean", "sd"}}, "score_std":
-        {arm: ...}, "sqrt_key_dim": {"key_dims", "value"}, "gradient_ratios":
-        {"grad_norm_scores": {"key_dims", "ratio"}, "grad_norm_query":
-        ...}}`; the ratios are unscaled/scaled means at init (empty without
-        both arms).
-    """
-    grouped = group_init(results)
-    arms = [arm for arm in plan.arms if arm in grouped]
-    key_dims = sorted({k for arm in arms for k in grouped[arm]})
+    """The init statistics over d_k of every run (trained and init-only):
+    `{"init_entropy": {arm: {"key_dims", "mean", "sd"}}, "score_std": ...,
+    "sqrt_key_dim": {"key_dims", "value"}, "gradient_ratios":
+    {"grad_norm_scores": {"key_dims", "ratio"}, "grad_norm_query": ...}}`,
+    the ratios unscaled over scaled means (empty without both arms)."""
+    stats = {key: init_stats(results, key) for key in (
+        "entropy_normalized", "score_std", "grad_norm_scores",
+        "grad_norm_query")}
+    measured = {arm for arm, _ in stats["score_std"]}
+    arms = [arm for arm in plan.arms if arm in measured]
+    key_dims = sorted({k for arm in arms
+                       for k in _key_dims(stats["score_std"], arm)})
     return {
-        "init_entropy": {arm: _over_key_dims(grouped[arm],
-                                             "entropy_normalized")
-                         for arm in arms},
-        "score_std": {arm: _over_key_dims(grouped[arm], "score_std")
+        "init_entropy": {arm: _over_key_dims(stats["entropy_normalized"],
+                                             arm) for arm in arms},
+        "score_std": {arm: _over_key_dims(stats["score_std"], arm)
                       for arm in arms},
         "sqrt_key_dim": {"key_dims": key_dims,
                          "value": [math.sqrt(k) for k in key_dims]},
-        "gradient_ratios": {key: _ratios(grouped, key)
-                            for key in ("grad_norm_scores",
-                                        "grad_norm_query")},
+        "gradient_ratios": {key: _ratios(stats[key]) for key in (
+            "grad_norm_scores", "grad_norm_query")},
     }
 
 
 def arms_over_key_dim(data):
-    """`(figure, ax)`: one line ± sd per arm against d_k (log-2 axis) of
-    `{arm: {"key_dims", "mean", "sd"}}` (`figure_data`), or None without
-    data."""
+    """`(figure, ax)`: a line ± sd per arm against d_k (log-2 axis) of
+    `{arm: {"key_dims", "mean", "sd"}}`, or None without data."""
     if not data:
         return None
     figure, axes = new_figure()

@@ -1,10 +1,8 @@
-"""What a comparison adds to TensorBoard: each run's HParams metrics, in
-its `validation/` run beside its HParams session (the experiment is the
-grid's, `pipelines.engine`); the runs of the claims' scalars (`claims/`
-over d_k, `depth/`, `length*/`), a tag per arm; and `curves/` (the arms'
-curves, mean and ± sd over seeds, a tag per arm and d_k). `claims/` and
-`curves/` have a custom-scalars layout that puts every arm in one chart (a
-run per arm made TensorBoard list 30 runs for a comparison of 6).
+"""What a comparison adds to TensorBoard: each run's HParams metrics (in
+its `validation/`), the claims' scalars (`claims/`, `depth/`, `length*/`,
+a tag per arm) and `curves/` (mean ± sd over seeds, a tag per arm and d_k).
+`claims/` and `curves/` have a custom-scalars layout with every arm in one
+chart (a run per arm made TensorBoard list 30 runs for a comparison of 6).
 """
 
 import os
@@ -30,14 +28,9 @@ _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
 
 
 def write_run_hparams_metrics(run_dir, record, steps):
-    """Writes the HParams metrics of one run to `run_dir/validation/`.
-
-    Tags: `final_accuracy`, `init_entropy`, `init_entropy_normalized`,
-    `init_score_std`, `init_grad_norm_scores`, all at step `steps`
-    (`steps_to_target` the run logged there itself). They go in an event
-    file of their own, replaced on each rerun, so a rerun never duplicates
-    them.
-    """
+    """Writes one run's HParams metrics to `run_dir/validation/` at step
+    `steps`, in an event file of their own that a rerun replaces (never
+    duplicates); `steps_to_target` the run logged there itself."""
     values = {"final_accuracy": record["final_accuracy"]}
     for key in _INIT_METRICS:
         if record["init"] and record["init"].get(key) is not None:
@@ -45,8 +38,8 @@ def write_run_hparams_metrics(run_dir, record, steps):
     write_end_metrics(run_dir, values, steps, METRICS_SUFFIX)
 
 
-# The comparison's HParams metrics: (tag, group, display name).
-# All in each run's `validation/`, its HParams session's run.
+# The comparison's HParams metrics, in each run's `validation/`: (tag,
+# group, display name).
 EXPERIMENT_METRICS = (
     ("final_accuracy", None, "final held-out accuracy"),
     ("steps_to_target", None, "steps to target"),
@@ -59,10 +52,8 @@ EXPERIMENT_METRICS = (
 
 
 def write_claim_scalars(logdir, points):
-    """Writes each claim's scalars `{run: [(tag, value, step)]}` to its
-    TensorBoard run under `logdir`, rewritten from scratch (an empty list
-    removes the run). The run `claims/` (over d_k) has a custom-scalars
-    layout of one chart per statistic, every arm in it."""
+    """Rewrites each run of `{run: [(tag, value, step)]}` under `logdir`
+    (an empty list removes it); `claims/` gets a chart per statistic."""
     for run, run_points in points.items():
         layout = None
         if run == CLAIMS_DIR:
@@ -75,15 +66,13 @@ def write_claim_scalars(logdir, points):
 
 
 def curve_tag(curve, metric):
-    """The tag prefix of one (arm, key_dim) curve of `metric` in the run
-    `curves`."""
+    """The tag prefix of one (arm, key_dim) curve of `metric`."""
     return f"{metric}/{curve['arm']}-dk{curve['key_dim']}"
 
 
 def curves_layout(curves):
-    """The custom-scalars layout: one margin chart per `CURVE_METRICS`
-    entry, a series per curve: `<metric>/<arm>-dk<d_k>/mean` between its
-    `lower` and `upper`."""
+    """A margin chart per `CURVE_METRICS` entry, a series per curve (its
+    `mean` between `lower` and `upper`)."""
     Series = layout_pb2.MarginChartContent.Series
     charts = [
         layout_pb2.Chart(
@@ -102,9 +91,8 @@ def curves_layout(curves):
 
 
 def write_curve_scalars(logdir, curves):
-    """Writes every arm's curves to the run `logdir/curves/`:
-    `<metric>/<arm>-dk<key_dim>/{mean,lower,upper}` (mean, mean - sd,
-    mean + sd over seeds) at each step, and their custom-scalars layout."""
+    """Writes the curves to `logdir/curves/`: `<tag>/{mean,lower,upper}`
+    (mean, mean - sd, mean + sd over seeds) per step, and their layout."""
     curves = [curve for curve in curves if curve["seeds"]]
     write_points(os.path.join(logdir, CURVES_DIR), [
         (f"{curve_tag(curve, name)}/{suffix}", value, step)

@@ -1,10 +1,6 @@
-"""How the reports compute and write numbers over seeds.
-
-One convention: `mean_sd` is the mean and the *sample* standard deviation
-(n − 1 in the denominator; 0 for a single value) of the values present.
-`SD_NOTE` says so, once per report. One way of writing: `fmt` with
-`MISSING` for a missing value, `fmt_mean_sd`, `fmt_steps`.
-"""
+"""How the reports compute and write numbers over seeds: `mean_sd` (the
+one sd convention, said once per report by `SD_NOTE`), `over_seeds`, and
+`fmt`, `fmt_mean_sd`, `fmt_steps` (`MISSING` for a missing value)."""
 
 import numpy as np
 
@@ -24,6 +20,27 @@ def mean_sd(values):
         return None, None
     sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return float(np.mean(values)), sd
+
+
+def group_by(records, fields):
+    """`{(record[f] for f in fields): [record, ...]}`, in order of first
+    appearance."""
+    grouped = {}
+    for record in records:
+        grouped.setdefault(tuple(record[f] for f in fields), []).append(record)
+    return grouped
+
+
+def over_seeds(records, fields, value):
+    """`value(record)` over each group of `group_by(records, fields)` (its
+    seeds): `{group: {"mean", "sd", "values"}}`, `values` the non-None ones
+    in record order, `mean` and `sd` their `mean_sd`."""
+    out = {}
+    for group, members in group_by(records, fields).items():
+        values = [v for v in map(value, members) if v is not None]
+        mean, sd = mean_sd(values)
+        out[group] = {"mean": mean, "sd": sd, "values": values}
+    return out
 
 
 def ratio(numerator, denominator):

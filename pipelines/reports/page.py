@@ -1,11 +1,6 @@
-"""A report's self-contained HTML page, made from its Markdown.
-
-The Markdown (`comparison.md`, `sweep.md`) is rendered by markdown-it-py
-(CommonMark with GitHub's tables), and every image is inlined: the
-report's figures as their SVG, other images (the heat maps) as PNG data
-URIs. Raw HTML in the Markdown is escaped, and nothing is fetched, so the
-page opens offline and can be sent as one file.
-"""
+"""A report's self-contained HTML page from its Markdown (markdown-it-py,
+CommonMark with tables): figures inlined as SVG, other images as PNG data
+URIs, raw HTML escaped, nothing fetched, so it opens offline."""
 
 import base64
 import html
@@ -57,15 +52,8 @@ def markdown_to_html(text, image):
 
 
 def render_page(logdir, report_markdown, figures, title):
-    """The page's text.
-
-    Args:
-        logdir: the report's directory (images are read from it).
-        report_markdown: the report's Markdown.
-        figures: the entries of `plotting.write_figures` (their
-            PNG paths in the Markdown are replaced by their SVG).
-        title: the page title.
-    """
+    """The page's text; images are read from `logdir`, and `figures`
+    (`plotting.write_figures`) replace their PNG paths by their SVG."""
     by_path = {item["path"]: item for item in figures}
     body = markdown_to_html(
         report_markdown,

@@ -1,12 +1,7 @@
-"""The one plotting style of the reports: matplotlib's object-oriented API
-on Agg canvases (no pyplot, no global backend switch), one colour per arm
-in every report, and figures saved as PNG for the Markdown report and as
-SVG text for the self-contained HTML page.
-
-A report's figure functions take its JSON document's data and return a
-`Figure`, so what is plotted can be read back and checked against the
-JSON; `write_figures` saves them all.
-"""
+"""The reports' one plotting style: matplotlib's object-oriented API on Agg
+canvases (no pyplot, no global backend switch), one colour per arm, figures
+saved as PNG for the Markdown and as SVG for the HTML page. Figure functions
+take a report's JSON data and return a `Figure`, checkable against it."""
 
 import io
 import os
@@ -33,8 +28,8 @@ def new_figure(width=6.4, height=4.0, rows=1, columns=1):
 
 
 def colour(name):
-    """The colour of an arm (or of a scale mode, or any other series): the
-    same in every figure of every report."""
+    """The colour of an arm (or scale mode, or other series), the same in
+    every figure."""
     palette = matplotlib.colormaps["tab10"].colors
     names = list(ARMS)
     # A scale mode has its arm's colour (sqrt the scaled arm's, ...).
@@ -53,16 +48,9 @@ def log2_axis(ax, values, label="d_k (key dimension)"):
 
 
 def series_panel(ax, series, spread="errorbar", marker="o"):
-    """One line per series over an axis, each in its arm's colour.
-
-    Args:
-        ax: the axes.
-        series: `[(label, name, x, mean, extent)]`; `name` picks the colour
-            (an arm or scale mode); `extent` as `spread` says.
-        spread: `"errorbar"`: `extent` is the sd per point (error bars);
-            `"band"`: `extent` is `(low, high)` per point, shaded under the
-            line; `"none"`: a plain line.
-    """
+    """One line per `(label, name, x, mean, extent)` of `series`, in the
+    colour of `name` (an arm or scale mode); `spread`: `"errorbar"` (extent:
+    sd per point), `"band"` (extent: `(low, high)`, shaded) or `"none"`."""
     for label, name, x, mean, extent in series:
         if spread == "errorbar":
             ax.errorbar(x, mean, yerr=extent, color=colour(name),
@@ -86,9 +74,8 @@ def finish_panel(ax, ylabel, title, unit=False, legend=True):
 
 
 def draw_figures(table, document):
-    """`[(name, caption, Figure)]` of a report's figure table `[(name,
-    caption, draw)]`, leaving out those `draw(document)` has no data for
-    (it returns None)."""
+    """`[(name, caption, Figure)]` of a figure table `[(name, caption,
+    draw)]`, without those `draw(document)` has no data for (None)."""
     made = []
     for name, caption, draw in table:
         figure = draw(document)
@@ -118,12 +105,8 @@ def figure_svg(figure):
 
 def write_figures(logdir, made):
     """Saves each `(name, caption, Figure)` of `made` as
-    `figures/<name>.png` under `logdir`.
-
-    Returns:
-        `[{"name", "caption", "path", "svg"}]`; `path` is relative to
-        `logdir`.
-    """
+    `logdir/figures/<name>.png`; returns `[{"name", "caption", "path",
+    "svg"}]`, `path` relative to `logdir`."""
     os.makedirs(os.path.join(logdir, FIGURE_DIR), exist_ok=True)
     written = []
     for name, caption, figure in made:

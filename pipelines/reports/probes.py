@@ -1,6 +1,4 @@
-"""The probe diagnostics of a run's weights, at initialization or trained,
-for a report: `compare` measures its init-only key dims and heat maps with
-them, `sweep` its d_k picture at init."""
+"""The probe diagnostics of a run's weights, at init or trained."""
 
 import keras
 
@@ -14,15 +12,9 @@ from pipelines.run_dir import restore_model
 
 
 def probe_at_init(config):
-    """The probe diagnostics of a run's initial weights, without training.
-
-    Rebuilds the model exactly as the training pipeline does (global seed,
-    then build, under the run's dtype policy), so the weights are those the
-    run starts from.
-
-    Returns:
-        The dict of `keras_attention.diagnostics.probe_diagnostics`.
-    """
+    """`probe_diagnostics` of a run's initial weights, without training:
+    the model rebuilt as training builds it (global seed, then build, under
+    the run's dtype policy)."""
     task = build_task(config)
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(probe_precision(config))
@@ -48,9 +40,8 @@ def probe_trained(config):
 
 
 def clear_session():
-    """Resets Keras's global state between probed models, without the full
-    garbage collection `clear_session` runs by default: with TensorFlow
-    loaded one collection took 0.26 s of CPU, 5.9 s of the default
-    comparison's 22 probes (cProfile, CPU clock); the dropped models are
-    reclaimed by Python's own collector instead."""
+    """Resets Keras's global state between probed models without the full
+    garbage collection: with TensorFlow one took 0.26 s of CPU, 5.9 s of
+    the default comparison's 22 probes (cProfile); Python's own collector
+    reclaims the dropped models."""
     keras.backend.clear_session(free_memory=False)

@@ -1,20 +1,12 @@
 """`keras-attention sweep`: does the score scale still matter once the
 learning rate is tuned?
 
-The grid (arm, optimizer, learning rate, d_k, seed, and any other axis
-given as a list) is the experiment engine's (`pipelines.engine`: it
-trains, resumes and shards the runs); this package is the report over
-them: sweep.json, sweep.md, sweep.html, the figures and the HParams
-metrics (the outputs are described in docs/experiments.md).
-
-    __init__      the command line and `report`
-    analysis      records, curves over the rate, sensitivity, verdicts
-    init_picture  score std and entropy at init per scale mode over d_k
-    figures, report, tensorboard
-                  the figures, sweep.json and sweep.md, the end metrics
-
-It builds on the reports' toolkit (`pipelines.reports`) and never imports
-`pipelines.compare`.
+The grid (arm, optimizer, learning rate, d_k, seed, any other axis given
+as a list) is the experiment engine's (`pipelines.engine`); this package
+is the report over it (docs/experiments.md): `analysis` (records, curves,
+sensitivity, verdicts), `init_picture` (score std and entropy at init per
+scale mode over d_k), `figures`, `report` (sweep.json, sweep.md) and
+`tensorboard` (the end metrics). It never imports `pipelines.compare`.
 """
 
 import os
@@ -57,26 +49,16 @@ def _cpu_seconds():
 
 
 def sweep(plan, log=print):
-    """Runs a sweep: trains what is missing, measures, writes the report
-    (`pipelines.engine.run_grid` with `report`).
-
-    Returns:
-        The `sweep.json` document (a dict), or None when a shard leaves
-        runs of other shards to finish.
-
-    Raises:
-        RunDirectoryBusy: when another process holds `plan.logdir`.
-        EnvironmentFailure: when a write is refused or runs failed.
-    """
+    """Trains what is missing and writes the report; returns the sweep.json
+    document, or None when a shard leaves runs to others. Raises
+    `RunDirectoryBusy` and `EnvironmentFailure` as `run_grid`."""
     started = time.time(), _cpu_seconds()
     return run_grid(plan, lambda *args: report(*args, started=started),
                     log=log)
 
 
 def report(plan, missing, timing, log=print, started=None):
-    """Reads the finished runs of `plan`, measures the d_k picture at init
-    and writes sweep.json, sweep.md, sweep.html, the figures and the
-    TensorBoard summaries (`missing`, `timing`: as
+    """Writes the report of the finished runs of `plan` (arguments as
     `pipelines.compare.report`)."""
     wall_started, cpu_started = started or (time.time(), _cpu_seconds())
     records = []
@@ -127,11 +109,8 @@ def add_arguments(parser):
 
 
 def plan_from_args(args):
-    """The checked `Grid` of parsed `sweep` flags.
-
-    Raises:
-        UsageError: on any bad flag, before anything is written.
-    """
+    """The checked `Grid` of parsed `sweep` flags (`UsageError` on a bad
+    one, before anything is written)."""
     plan = plan_grid(args, "sweep", PRESETS, DEFAULT_LOGDIR, order=ORDER)
     text = args.init_key_dims
     if text is not None:

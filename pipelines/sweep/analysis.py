@@ -1,10 +1,6 @@
-"""What a sweep measured, and what it means: one record per run, the
-curves over the learning rate, the learning-rate sensitivity, the best
-learning rates and the verdict per optimizer.
-
-Every function here takes plain records (dicts) and returns plain data, so
-the logic is testable from hand-made records.
-"""
+"""What a sweep measured and means: one record per run, the curves over
+the learning rate, the sensitivity, the best rates, the verdicts; plain
+records in, plain data out."""
 
 import math
 import os
@@ -12,7 +8,9 @@ import os
 import numpy as np
 
 from pipelines.engine.presets import PAIR
+from pipelines.reports.numbers import group_by
 from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import over_seeds
 from pipelines.run_dir import EVAL_LOGS
 from pipelines.run_dir import read_metrics
 from pipelines.tensorboard import read_event_scalars
@@ -45,14 +43,10 @@ def run_record(run):
         "final_loss": None if diverged else metrics.get("heldout_loss"),
         "final_accuracy": None if diverged else metrics.get("heldout_accuracy"),
         "init_loss": eval_loss.get(0),
-        "steps": metrics.get("steps"),
-        "steps_to_target": metrics.get("steps_to_target"),
-        "target_accuracy": metrics.get("target_accuracy"),
-        "diverged_at_step": metrics.get("diverged_at_step"),
-        "wall_time_s": metrics.get("wall_time_s"),
-        "train_time_s": metrics.get("train_time_s"),
-        "first_step_time_s": metrics.get("first_step_time_s"),
-        "steps_per_s": metrics.get("steps_per_s"),
+        **{key: metrics.get(key) for key in (
+            "steps", "steps_to_target", "target_accuracy",
+            "diverged_at_step", "wall_time_s", "train_time_s",
+            "first_step_time_s", "steps_per_s")},
         "final": {key: final.get(key) for key in FINAL_DIAGNOSTICS},
     }
 
@@ -67,13 +61,6 @@ def capped_loss(record):
     return final if init is None else min(final, init)
 
 
-def _groups(records, fields):
-    grouped = {}
-    for record in records:
-        grouped.setdefault(tuple(record[f] for f in fields), []).append(record)
-    return grouped
-
-
 # ----------------------------------------------------------------- curves
 def curves(records):
     """Per (optimizer, key_dim, arm): the learning rates and, per rate, the
@@ -81,9 +68,8 @@ def curves(records):
     accuracy (0 for a diverged run), the final max logit and entropy."""
     out = []
     for (optimizer, key_dim, arm), group in sorted(
-            _groups(records, ("optimizer", "key_dim", "arm")).items()):
-        by_rate = _groups(group, ("learning_rate",))
-        rates = sorted(rate for (rate,) in by_rate)
+            group_by(records, ("optimizer", "key_dim", "arm")).items()):
+        rates = sorted(rate for (rate,) in group_by(group, ("learning_rate",)))
         curve = {"optimizer": optimizer, "key_dim": key_dim, "arm": arm,
                  "learning_rates": rates}
         for name, value in (
@@ -92,14 +78,13 @@ def curves(records):
             ("max_abs_score", lambda r: r["final"]["max_abs_score"]),
             ("entropy_normalized", lambda r: r["final"]["entropy_normalized"]),
         ):
-            stats = [[value(r) for r in by_rate[(rate,)]] for rate in rates]
+            stats = over_seeds(group, ("learning_rate",), value)
+            stats = [stats[(rate,)] for rate in rates]
             curve[name] = {
-                "mean": [mean_sd(s)[0] for s in stats],
-                "sd": [mean_sd(s)[1] for s in stats],
-                "min": [min((v for v in s if v is not None), default=None)
-                        for s in stats],
-                "max": [max((v for v in s if v is not None), default=None)
-                        for s in stats],
+                "mean": [s["mean"] for s in stats],
+                "sd": [s["sd"] for s in stats],
+                "min": [min(s["values"], default=None) for s in stats],
+                "max": [max(s["values"], default=None) for s in stats],
             }
         out.append(curve)
     return out
@@ -125,9 +110,9 @@ def sensitivities(records):
     learning rates, and their mean and sd."""
     out = []
     for (optimizer, key_dim, arm), group in sorted(
-            _groups(records, ("optimizer", "key_dim", "arm")).items()):
+            group_by(records, ("optimizer", "key_dim", "arm")).items()):
         per_seed = {}
-        for (seed,), runs in sorted(_groups(group, ("seed",)).items()):
+        for (seed,), runs in sorted(group_by(group, ("seed",)).items()):
             init = [r["init_loss"] for r in runs if r["init_loss"] is not None]
             init_loss = float(np.mean(init)) if init else math.inf
             per_seed[seed] = lr_sensitivity(
@@ -145,8 +130,8 @@ def best_rates(records):
     every rate at which all / some seeds reached it."""
     out = []
     for (optimizer, key_dim, arm), group in sorted(
-            _groups(records, ("optimizer", "key_dim", "arm")).items()):
-        by_rate = _groups(group, ("learning_rate",))
+            group_by(records, ("optimizer", "key_dim", "arm")).items()):
+        by_rate = group_by(group, ("learning_rate",))
         rates = sorted(rate for (rate,) in by_rate)
 
         def reached(rate):
@@ -154,8 +139,8 @@ def best_rates(records):
                        and r["diverged_at_step"] is None
                        for r in by_rate[(rate,)])
 
-        loss = {rate: mean_sd([capped_loss(r) for r in by_rate[(rate,)]])[0]
-                for rate in rates}
+        loss = {rate: stats["mean"] for (rate,), stats in over_seeds(
+            group, ("learning_rate",), capped_loss).items()}
         best = min(rates, key=lambda rate: (loss[rate] is None, loss[rate]))
         accuracy = mean_sd([r["final_accuracy"] or 0.0
                              for r in by_rate[(best,)]])
@@ -209,21 +194,17 @@ def arm_verdict(best, steps, target):
 
 
 def verdicts(bests, steps, target):
-    """Per (optimizer, key_dim): the verdict lines, the unscaled arm's first.
-
-    The headline names what the data say: unscaled fails at every rate, or
-    the rates that rescue it (all seeds) or partly rescue it (some seeds),
-    and whether the scaled arm did better at all.
-    """
+    """Per (optimizer, key_dim): the verdict lines, the unscaled arm's
+    first, and a headline: does the rate rescue unscaled attention (every
+    seed, some, none), and did the scaled arm do better at all."""
     out = []
     for (optimizer, key_dim), group in sorted(
-            _groups(bests, ("optimizer", "key_dim")).items()):
+            group_by(bests, ("optimizer", "key_dim")).items()):
         arms = {best["arm"]: best for best in group}
-        lines = []
         order = [QUESTION_ARM, REFERENCE_ARM] + sorted(
             set(arms) - {QUESTION_ARM, REFERENCE_ARM})
-        lines += [arm_verdict(arms[a], steps, target) for a in order
-                  if a in arms]
+        lines = [arm_verdict(arms[a], steps, target) for a in order
+                 if a in arms]
         headline = None
         if QUESTION_ARM in arms:
             question = arms[QUESTION_ARM]

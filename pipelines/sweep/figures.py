@@ -1,18 +1,5 @@
-"""The sweep's figures, drawn with matplotlib from the data in `sweep.json`
-(each function takes that data and returns the `Figure`, so what is
-plotted can be read back and checked against the JSON).
-
-* `lr_figure`: final loss and final accuracy against the learning rate
-  (log axis), one line per arm (mean over seeds, the band spanning the
-  seeds' min and max), one panel per optimizer and d_k (Wortsman et al.
-  2023, figure 1);
-* `sensitivity_figure`: the learning-rate sensitivity per arm, mean ± sd
-  over seeds;
-* `diagnostics_figure`: final max attention logit and normalized entropy
-  against the learning rate;
-* `init_figure`: score std and normalized entropy at init against d_k per
-  scale mode, ± sd over seeds.
-"""
+"""The sweep's figures, each drawn from the data in `sweep.json`
+(`lr_figure` is Wortsman et al. 2023, figure 1)."""
 
 from pipelines.reports.plotting import colour
 from pipelines.reports.plotting import draw_figures
@@ -21,13 +8,12 @@ from pipelines.reports.plotting import new_figure
 from pipelines.reports.plotting import series_panel
 
 
-def _panels(curve_list):
-    return sorted({(c["optimizer"], c["key_dim"]) for c in curve_list})
+def _panels(items):
+    return sorted({(item["optimizer"], item["key_dim"]) for item in items})
 
 
 def _curve_rows(curve_list, rows, title):
-    """A grid of panels: one row per (metric, label, log y), one column per
-    (optimizer, d_k); one line per arm with its seed band."""
+    """Rows of (metric, label, log y) by columns of (optimizer, d_k)."""
     panels = _panels(curve_list)
     figure, axes = new_figure(4.2 * len(panels), 3.2 * len(rows), len(rows),
                               len(panels))
@@ -74,20 +60,18 @@ def diagnostics_figure(curve_list):
 
 def sensitivity_figure(sensitivity_list):
     """Bars per arm (mean ± sd over seeds), one group per optimizer, d_k."""
-    panels = sorted({(s["optimizer"], s["key_dim"]) for s in sensitivity_list})
+    panels = _panels(sensitivity_list)
     arms = sorted({s["arm"] for s in sensitivity_list})
     figure, axes = new_figure(max(5, 1.6 * len(panels) * len(arms)), 3.6)
     ax = axes[0][0]
     width = 0.8 / max(len(arms), 1)
     for index, arm in enumerate(arms):
-        xs, means, sds = [], [], []
-        for position, panel in enumerate(panels):
-            for s in sensitivity_list:
-                if (s["optimizer"], s["key_dim"]) == panel and s["arm"] == arm:
-                    xs.append(position + (index - (len(arms) - 1) / 2) * width)
-                    means.append(s["mean"])
-                    sds.append(s["sd"])
-        ax.bar(xs, means, width, yerr=sds, capsize=3, label=arm,
+        bars = [(position + (index - (len(arms) - 1) / 2) * width, s)
+                for position, panel in enumerate(panels)
+                for s in sensitivity_list
+                if (s["optimizer"], s["key_dim"], s["arm"]) == (*panel, arm)]
+        ax.bar([x for x, _ in bars], [s["mean"] for _, s in bars], width,
+               yerr=[s["sd"] for _, s in bars], capsize=3, label=arm,
                color=colour(arm))
     ax.set_xticks(range(len(panels)))
     ax.set_xticklabels([f"{o}, d_k {d}" for o, d in panels])
@@ -137,6 +121,5 @@ FIGURES = (
 
 
 def make_figures(document):
-    """`[(name, caption, Figure)]` of the figures the document has data
-    for."""
+    """`[(name, caption, Figure)]` of the figures with data."""
     return draw_figures(FIGURES, document)

@@ -1,19 +1,18 @@
-"""The d_k picture per scale mode: score std and normalized entropy at
-initialisation against d_k, in the sweep's model, with the seed spread.
+"""The d_k picture per scale mode: score std and normalized entropy at init
+against d_k in the sweep's model, over seeds.
 
-With q and k of unit-variance components (the comparison's W_Q, W_K init),
-q·k has std √d_k: 1/√d_k holds the scores' std near 1 at every d_k, no
-scale lets it grow like √d_k, and 1/d_k (μP) shrinks it like 1/√d_k, so
-the softmax tends to uniform. qk_norm normalizes q and k and keeps 1/√d_k.
-Measured with `pipelines.reports.probes.probe_at_init`, the probe of each
-run's initial weights.
+With unit-variance q and k components, q·k has std √d_k: 1/√d_k keeps the
+scores' std near 1, no scale lets it grow like √d_k, 1/d_k (μP) shrinks it
+like 1/√d_k (the softmax tends to uniform); qk_norm keeps 1/√d_k.
 """
+
+from operator import itemgetter
 
 import numpy as np
 
 from pipelines.engine.presets import ARMS
 from pipelines.engine.presets import MODE_ARMS
-from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import over_seeds
 from pipelines.reports.probes import probe_at_init
 
 # Scale mode -> the arm that has it, for the modes of the picture.
@@ -27,20 +26,20 @@ def measure_init(base, key_dims, seeds, log=print):
     every scale mode and d_k, over `seeds`."""
     rows = []
     for mode, arm in MODES.items():
+        measured = []
         for key_dim in key_dims:
-            values = {name: [] for name in STATISTICS}
             for seed in seeds:
                 config = base.replace(
                     key_dim=key_dim, seed=seed,
                     **ARMS[arm].overrides(key_dim, base.qk_init_gain))
                 summary = probe_at_init(config)["summary"]
-                for name in STATISTICS:
-                    values[name].append(float(summary[name]))
-            row = {"mode": mode, "arm": arm, "key_dim": key_dim}
-            for name, measured in values.items():
-                mean, sd = mean_sd(measured)
-                row[name] = {"mean": mean, "sd": sd, "values": measured}
-            rows.append(row)
+                measured.append({"key_dim": key_dim, **{
+                    name: float(summary[name]) for name in STATISTICS}})
+        stats = {name: over_seeds(measured, ("key_dim",), itemgetter(name))
+                 for name in STATISTICS}
+        rows += [{"mode": mode, "arm": arm, "key_dim": key_dim, **{
+            name: stats[name][(key_dim,)] for name in STATISTICS}}
+            for key_dim in key_dims]
         log(f"init picture: {mode} measured at d_k "
             f"{', '.join(map(str, key_dims))}")
     return rows

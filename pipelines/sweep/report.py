@@ -1,6 +1,4 @@
-"""The sweep's report: `sweep.json` (the document) and `sweep.md`, built
-from the same document (`sweep.html` is `sweep.md` made self-contained,
-`pipelines.reports.page`)."""
+"""The sweep's `sweep.json` document and `sweep.md`, built from it."""
 
 from pipelines.common import markdown_table
 from pipelines.reports.numbers import SD_NOTE
@@ -11,11 +9,10 @@ from pipelines.sweep.analysis import sensitivities
 from pipelines.sweep.analysis import verdicts
 from pipelines.sweep.init_picture import growth_exponents
 
+
 def overhead(records):
-    """Per-run overhead: a run's wall time minus its steady training time
-    (`(steps - 1) / steps_per_s`), i.e. building, compiling, the first
-    step, evaluations, diagnostics, checkpoints and saving; as seconds and
-    as a fraction of the training time."""
+    """Per-run overhead: wall time minus steady training time
+    (`(steps - 1) / steps_per_s`), in seconds and as a fraction of it."""
     rows = [r for r in records if r.get("wall_time_s") and r.get("steps_per_s")]
     if not rows:
         return None
@@ -52,6 +49,10 @@ def build_document(plan, records, init_rows, timing, missing=()):
     }
 
 
+def _pm(stat, digits=3):
+    return f"{stat['mean']:.{digits}f} ± {stat['sd']:.{digits}f}"
+
+
 def _tables(document):
     best = markdown_table(
         ["optimizer", "d_k", "arm", "best lr", "final loss", "accuracy",
@@ -64,19 +65,15 @@ def _tables(document):
           f"{b['seeds_reaching_target_at_best']}/{b['seeds']}",
           ", ".join(f"{r:g}" for r in b["rates_all_seeds_reach"]) or "none",
           ", ".join(f"{r:g}" for r in b["rates_some_seeds_reach"]) or "none",
-          next(f"{s['mean']:.3f} ± {s['sd']:.3f}" for s in document["sensitivity"]
+          next(_pm(s) for s in document["sensitivity"]
                if (s["optimizer"], s["key_dim"], s["arm"])
                == (b["optimizer"], b["key_dim"], b["arm"]))]
          for b in document["best"]], left_columns=3)
     init = markdown_table(
         ["scale mode", "d_k", "score std", "entropy / log(keys)",
          "max |q·k·scale|"],
-        [[row["mode"], str(row["key_dim"]),
-          f"{row['score_std']['mean']:.3f} ± {row['score_std']['sd']:.3f}",
-          f"{row['entropy_normalized']['mean']:.3f} ± "
-          f"{row['entropy_normalized']['sd']:.3f}",
-          f"{row['max_abs_score']['mean']:.2f} ± "
-          f"{row['max_abs_score']['sd']:.2f}"]
+        [[row["mode"], str(row["key_dim"]), _pm(row["score_std"]),
+          _pm(row["entropy_normalized"]), _pm(row["max_abs_score"], 2)]
          for row in document["init_by_key_dim"]], left_columns=1)
     runs = markdown_table(
         ["run", "final loss", "accuracy", "steps to target", "diverged at",
@@ -123,8 +120,7 @@ def _summary_lines(document):
 
 
 def render_markdown(document, figures=()):
-    """`sweep.md`; `figures` are the entries of
-    `pipelines.reports.plotting.write_figures`."""
+    """`sweep.md`; `figures`: the entries of `write_figures`."""
     best, init, runs = _tables(document)
     lines = ["# Learning-rate sweep: does the scale matter once the rate is "
              "tuned?", "", *_summary_lines(document), ""]

@@ -1,7 +1,5 @@
-"""What a sweep adds to TensorBoard: each run's end metrics in its
-`validation/` run, beside its HParams session, the metrics of the HParams
-experiment that the grid declares (`pipelines.engine`). The runs' own logs
-are those `train` writes."""
+"""Each sweep run's end metrics in its `validation/` run, the metrics of
+the grid's HParams experiment."""
 
 import math
 
@@ -27,9 +25,8 @@ END_METRICS = {
 
 
 def write_run_metrics(run_dir, record):
-    """The record's end metrics as scalars in `run_dir/validation/`
-    (`pipelines.tensorboard.write_end_metrics`); non-finite or missing
-    values are left out."""
+    """The record's finite end metrics as scalars in
+    `run_dir/validation/`."""
     values = {}
     for tag, (_, value_of) in END_METRICS.items():
         value = value_of(record)
