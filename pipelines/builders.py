@@ -1,7 +1,5 @@
-"""Builders: the task, the model, the optimizer and its schedule of a config.
-
-Each takes a resolved `TrainConfig` (see `pipelines.settings.resolve_config`)
-and builds from its settings as they are; none resolves or validates again.
+"""The task, the model, the optimizer and its schedule of a resolved
+`TrainConfig`, built from its settings as they are (none validates again).
 """
 
 import math
@@ -20,14 +18,11 @@ def build_task(config):
 
 def seed_run(seed):
     """`keras.utils.set_random_seed(seed)`, without importing TensorFlow into
-    a JAX or torch run.
-
-    Keras seeds TensorFlow too whenever it is installed (for `tf.data`),
-    and importing it there cost about 3 s and printed its C++ start-up
-    lines on the run's stderr. Outside the TensorFlow backend the import
-    is refused for this call (Keras then remembers TensorFlow as absent,
-    which a run that feeds numpy batches never needs).
-    """
+    a JAX or torch run."""
+    # Keras seeds TensorFlow too whenever it is installed; importing it
+    # cost about 3 s and printed its C++ start-up lines on stderr. Refused
+    # for this call, Keras then remembers TensorFlow as absent, which a run
+    # fed numpy batches never needs.
     if keras.backend.backend() == "tensorflow" or "tensorflow" in sys.modules:
         keras.utils.set_random_seed(seed)
         return
@@ -46,19 +41,11 @@ def build_probe_batch(config, task):
 
 
 def build_model(config, task=None):
-    """Builds the config's model: the task's sizes and the config's model
-    settings (its `"model"` group, `build_sequence_model`'s keyword
-    arguments, and its `"attention"` group, the `attention_options`
-    forwarded whole to every attention layer). Uninitialised weights come from the current global random
-    state; call `seed_run` first for reproducible weights.
-
-    Args:
-        config: a resolved `TrainConfig`.
-        task: the config's task, if already built.
-
-    Returns:
-        A functional `keras.Model` from `tokens` to float32 `logits`.
-    """
+    """The config's functional model from `tokens` to float32 `logits`: the
+    task's sizes (`task` if already built), the config's `"model"` group as
+    `build_sequence_model`'s keywords and its `"attention"` group as the
+    `attention_options` of every attention layer. The weights come from the
+    global random state (`seed_run` first for reproducible ones)."""
     task = build_task(config) if task is None else task
     return build_sequence_model(
         vocab_size=task.vocab_size,
@@ -79,13 +66,13 @@ def build_model(config, task=None):
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup to `peak`, then constant or cosine decay to 0.
 
-    The optimizer calls the schedule with its update count `i` (0 for the
-    first update): the rate is `peak * (i + 1) / warmup_steps` during warmup.
+    The rate of update `i` (0 for the first) during warmup is
+    `peak * (i + 1) / warmup_steps`.
 
     Args:
         peak: learning rate after warmup: a float, or a scalar variable
             (read at every step, so a compiled step can be reused with a
-            new rate; see `pipelines.engine.reuse`).
+            new rate).
         warmup_steps: number of warmup updates (0 for none).
         total_steps: length of the run (the cosine reaches 0 there).
         decay: `"constant"` or `"cosine"`.
@@ -119,36 +106,24 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def build_optimizer(config, num_replicas=1, learning_rate=None):
-    """The config's Keras optimizer with its warmup schedule.
-
+    """`(optimizer, schedule)`: the config's Keras optimizer (a
+    `LossScaleOptimizer` under `mixed_float16`) and its warmup schedule.
     `learning_rate`, when given, is a scalar variable holding the peak rate
-    in place of `config.learning_rate` (a sweep assigns it between runs).
-
-    Returns the tuple `(optimizer, schedule)`; under `mixed_float16` the
-    optimizer is a `LossScaleOptimizer`.
-
-    Gradient clipping is by global norm. Under several replicas the training
-    step hands the optimizer each replica's share `g / num_replicas` of the
-    global gradient `g` (the optimizer sums the shares), so the clipping
-    norm is scaled by the same factor.
-    """
+    in place of `config.learning_rate` (a sweep assigns it between runs)."""
     schedule = WarmupSchedule(
         config.learning_rate if learning_rate is None else learning_rate,
-        config.warmup_steps,
-        config.steps,
-        config.lr_schedule,
-    )
+        config.warmup_steps, config.steps, config.lr_schedule)
+    # Clipping is by global norm. Under several replicas the step hands the
+    # optimizer each replica's share `g / num_replicas` of the global
+    # gradient (the optimizer sums the shares): the norm is scaled alike.
     clip = None
     if config.clip_norm is not None:
         clip = config.clip_norm / num_replicas
     weight_decay = config.weight_decay or None
     if config.optimizer == "sgd":
         optimizer = keras.optimizers.SGD(
-            schedule,
-            momentum=config.momentum,
-            weight_decay=weight_decay,
-            global_clipnorm=clip,
-        )
+            schedule, momentum=config.momentum, weight_decay=weight_decay,
+            global_clipnorm=clip)
     elif config.optimizer == "adam":
         optimizer = keras.optimizers.Adam(
             schedule, weight_decay=weight_decay, global_clipnorm=clip

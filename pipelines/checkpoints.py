@@ -1,22 +1,13 @@
-"""A run's checkpoints: Keras's own state, in one file per checkpoint.
+"""A run's checkpoints: `checkpoints/ckpt-<step>.npz`, the values of every
+model and optimizer variable and the step, on every backend.
 
-A checkpoint is `checkpoints/ckpt-<step>.npz`: the values of every model
-variable (trainable, non-trainable and the layers' random-generator
-states), of every optimizer variable (its step count and moments) and the
-training step, read from the Keras variables and written atomically
-(`keras_attention.files.atomic_path`: a staging file renamed into place),
-so a kill or a full disk leaves the previous checkpoints and at most a
-staging file, which the next start removes. The same file serves every
-backend. The variables are stored in the order the model and the optimizer
-list them (names carry process-wide counters, `seed_generator_3`, which
-differ between processes); their paths are stored beside them and their
-shapes are checked on restore.
-
-The archive is a zip whose members carry CRC-32s: `np.load` of a truncated
-or damaged file fails on reading, so the newest checkpoint that reads
-whole is the one to resume from; a damaged newer one is named in one line
-on stderr and removed. When checkpoints exist and none reads whole, the run
-is refused (`DamagedCheckpoints`, exit 2).
+Written atomically (a staging file renamed into place), so a kill or a full
+disk leaves the previous checkpoints and at most a staging file, which the
+next start removes. The variables are stored in the order the model and
+the optimizer list them (their names carry process-wide counters,
+`seed_generator_3`), with their paths beside them; shapes are checked on
+restore. The members carry CRC-32s, so a damaged file fails on reading and
+the newest one that reads whole is resumed from.
 """
 
 import json
@@ -56,12 +47,12 @@ def checkpoint_steps(directory):
     """The steps of the checkpoint files in `directory`, oldest first."""
     if not os.path.isdir(directory):
         return []
-    steps = [int(match.group(1)) for match in
-             map(_NAME.match, os.listdir(directory)) if match]
-    return sorted(steps)
+    return sorted(int(match.group(1)) for match in
+                  map(_NAME.match, os.listdir(directory)) if match)
 
 
 def checkpoint_path(directory, step):
+    """The file of the checkpoint of `step`."""
     return os.path.join(directory, f"ckpt-{step}.npz")
 
 
@@ -72,8 +63,8 @@ def last_checkpointed_step(directory):
 
 
 def remove_partial_checkpoints(directory):
-    """Deletes the staging files of saves that were killed or refused;
-    returns their names."""
+    """Deletes the staging files of killed or refused saves; returns their
+    names."""
     if not os.path.isdir(directory):
         return []
     removed = []
@@ -86,8 +77,7 @@ def remove_partial_checkpoints(directory):
 
 def read_checkpoint(path):
     """`{name: array}` of the checkpoint file at `path`, every member read
-    (so its CRC checked). Raises `OSError`, `ValueError`, `KeyError` or
-    `zipfile.BadZipFile` when the file is damaged."""
+    (so its CRC checked); raises when the file is damaged."""
     with np.load(path, allow_pickle=False) as archive:
         return {name: archive[name] for name in archive.files}
 
@@ -100,12 +90,8 @@ def _variables(model, optimizer):
 
 
 def _matching_values(values, groups, path):
-    """The stored arrays for the variables of `groups`, in their order.
-
-    Raises:
-        ValueError, KeyError: when the checkpoint does not hold exactly
-            these variables with these shapes.
-    """
+    """`(variable, stored array)` pairs of `groups`; raises `ValueError` or
+    `KeyError` unless the checkpoint holds exactly these variables."""
     matched = []
     for group, variables in groups.items():
         stored = json.loads(str(values[f"{group}/paths"]))
@@ -126,21 +112,11 @@ def _matching_values(values, groups, path):
 
 
 def load_newest(directory, model, optimizer=None, then="resuming from"):
-    """Restores the newest checkpoint of `directory` that reads whole.
-
-    Args:
-        directory: a checkpoint directory (it need not exist).
-        model, optimizer: whose variables to restore (`optimizer` may be
-            `None`: only the model's).
-        then: what the caller does with the checkpoint found, for the line
-            that names a damaged newer one.
-
-    Returns:
-        Its step, or `None` when there is no checkpoint.
-
-    Raises:
-        DamagedCheckpoints: when checkpoints exist and none reads whole.
-    """
+    """Restores the newest checkpoint of `directory` that reads whole into
+    `model` (and `optimizer` unless `None`); returns its step, `None` when
+    there is none. A damaged newer one is named in one line on stderr,
+    saying what the caller does `then`; `DamagedCheckpoints` when
+    checkpoints exist and none reads whole."""
     damaged = []
     for number in reversed(checkpoint_steps(directory)):
         path = checkpoint_path(directory, number)
@@ -169,21 +145,9 @@ def load_newest(directory, model, optimizer=None, then="resuming from"):
 
 
 class Checkpoints:
-    """A run's checkpoints: restored when the run starts, saved as it goes.
-
-    Args:
-        logdir: the run directory (checkpoints go to `CHECKPOINT_DIR`).
-        model: the model being trained.
-        optimizer: its optimizer (built).
-        chief: whether this process writes the run; other processes
-            restore but never save.
-
-    Attributes:
-        start_step: the step of the newest whole checkpoint (0 for none).
-
-    Raises:
-        DamagedCheckpoints: when checkpoints exist but none reads whole.
-    """
+    """A run's checkpoints under `logdir`: restored into `model` and its
+    built `optimizer` when the run starts (`start_step`, 0 for none, or
+    `DamagedCheckpoints`), saved as it goes by the `chief` only."""
 
     def __init__(self, logdir, model, optimizer, chief):
         self.directory = os.path.join(logdir, CHECKPOINT_DIR)
@@ -200,14 +164,10 @@ class Checkpoints:
         self.start_step = step or 0
 
     def save(self, step, writers):
-        """Saves the checkpoint of `step` after flushing `writers` (events
-        first: once the checkpoint exists, all logged up to it is on
-        disk), then drops all but the newest `KEEP`.
-
-        Returns:
-            Whether it saved: weights that are not finite (a diverged run)
-            are not saved, so the checkpoints kept are the last good ones.
-        """
+        """Saves the checkpoint of `step` after flushing `writers` (once it
+        exists, all logged up to it is on disk), then drops all but the
+        newest `KEEP`. Returns whether it saved: non-finite weights are
+        not, so the checkpoints kept are the last good ones."""
         if not self.chief:
             return True
         for writer in writers:

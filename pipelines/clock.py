@@ -1,9 +1,4 @@
-"""The training loop's clock: training time without the pauses.
-
-`pipelines.train` pauses its loop for the held-out evaluation, the
-diagnostics and the checkpoints; throughput and training time leave those
-pauses out, and throughput the first step (tracing, compiling) too.
-"""
+"""The training loop's clock: training time without the loop's pauses."""
 
 import time
 

@@ -1,14 +1,8 @@
-"""Devices: the backend's distribution, the dtype policy and XLA of a run.
-
-`check_memory` refuses a run whose attention maps cannot fit.
-`open_run_devices(config)` asks the running backend's module
-(`pipelines.backends`) for the run's `Devices`, resolves `"auto"` precision
-and `jit_compile` for the accelerator found, checks that the global batch
-splits over the replicas, and returns the config with what it resolved.
+"""A run's devices (`open_run_devices`), the dtype policy and XLA resolved
+for them, and the memory check that refuses a run that cannot fit.
 """
 
 import os
-import types
 
 import keras
 
@@ -23,12 +17,12 @@ from pipelines.common import UsageError
 _MAPS_PER_LAYER = 4
 # A weight, its gradient and Adam's two moments: 4 float32.
 _BYTES_PER_WEIGHT = 16
-# The largest held-out batch of an evaluation (`steps.MAX_EVAL_BATCH`,
-# which imports this module; tests/test_grid_identity.py checks they agree).
+# The largest held-out batch of an evaluation (`steps.MAX_EVAL_BATCH`;
+# tests/test_grid_identity.py checks they agree).
 _EVAL_BATCH = 1024
 
 
-def resolve_precision(precision, devices):
+def resolve_precision(precision, backend, accelerator):
     """`"auto"`: bfloat16 on TPUs; on GPUs float16 with TensorFlow (loss
     scaling, the path its kernels are tuned for) and bfloat16 with JAX and
     torch (no loss scale to carry in a stateless step; the H200's bf16
@@ -36,41 +30,36 @@ def resolve_precision(precision, devices):
     precision only adds casts."""
     if precision != "auto":
         return precision
-    if devices.accelerator == "tpu":
+    if accelerator == "tpu":
         return "mixed_bfloat16"
-    if devices.accelerator == "gpu":
-        return ("mixed_float16" if devices.backend == "tensorflow"
+    if accelerator == "gpu":
+        return ("mixed_float16" if backend == "tensorflow"
                 else "mixed_bfloat16")
     return "float32"
 
 
 def probe_precision(config):
-    """The dtype policy a run of `config` trains under on this machine, as
-    `open_run_devices` resolves it, found without setting up the devices:
-    probing a run's weights needs the policy, not a distribution (on JAX,
-    opening the devices sets one globally). A TPU counts when the config
-    names its strategy."""
+    """The dtype policy a run of `config` trains under here, found without
+    setting up the devices (on JAX that sets a distribution globally). A
+    TPU counts when the config names its strategy."""
     if config.precision != "auto":
         return config.precision
     if config.backend == "torch":
         # Keras lists no torch devices; torch's own count sets up nothing.
-        devices = backend_module("torch").open_devices("default")
+        accelerator = backend_module("torch").open_devices(
+            "default").accelerator
     else:
         kind = keras.distribution.list_devices()[0].split(":")[0]
-        devices = types.SimpleNamespace(
-            backend=config.backend,
-            accelerator="tpu" if config.strategy == "tpu" else kind)
-    return resolve_precision("auto", devices)
+        accelerator = "tpu" if config.strategy == "tpu" else kind
+    return resolve_precision("auto", config.backend, accelerator)
 
 
 def resolve_jit(jit_compile, devices, source="flags"):
     """Whether the steps are XLA-compiled. TensorFlow `"auto"`: on
     accelerators, where fusing a toy model's small ops pays (on a CPU it
-    mostly adds compile time); JAX: always, as Keras's JAX trainer does
-    (without `jax.jit` every op dispatches alone); torch: never (eager).
-    `source` is where the setting came from: `"on"` from a preset (XLA
-    where the backend has it) is off on torch; asked for otherwise, it is
-    refused there."""
+    mostly adds compile time); JAX: always, as Keras's JAX trainer does;
+    torch: never. `"on"` from a preset (the setting's `source`) is off on
+    torch; asked for otherwise, it is refused there."""
     if devices.backend == "torch":
         if jit_compile == "on" and not source.startswith("preset"):
             raise UsageError(
@@ -83,30 +72,25 @@ def resolve_jit(jit_compile, devices, source="flags"):
     return jit_compile == "on"
 
 
-def check_divisible(config, num_replicas):
-    """Raises `UsageError` unless the global batch and the held-out set split
-    evenly over `num_replicas`."""
-    for name in ("batch_size", "heldout_size"):
-        if getattr(config, name) % num_replicas:
-            raise UsageError(
-                f"--{name.replace('_', '-')} ({getattr(config, name)}) must "
-                f"be divisible by the number of replicas ({num_replicas})"
-            )
-
-
 def open_run_devices(config):
     """`(config, devices)`: the run's `Devices` and its config with
     `precision` and `jit_compile` resolved for them.
 
     Raises:
         UsageError: when the strategy cannot be set up here, or the batch
-            does not split over its replicas.
+            or the held-out set does not split over its replicas.
     """
-    module = backend_module(config.backend)
-    devices = module.open_devices(config.strategy)
-    check_divisible(config, devices.num_replicas)
+    devices = backend_module(config.backend).open_devices(config.strategy)
+    for name in ("batch_size", "heldout_size"):
+        if getattr(config, name) % devices.num_replicas:
+            raise UsageError(
+                f"--{name.replace('_', '-')} ({getattr(config, name)}) must "
+                "be divisible by the number of replicas "
+                f"({devices.num_replicas})"
+            )
     config = config.replace(
-        precision=resolve_precision(config.precision, devices),
+        precision=resolve_precision(config.precision, devices.backend,
+                                    devices.accelerator),
         jit_compile="on" if resolve_jit(
             config.jit_compile, devices,
             config.sources.get("jit_compile", "flags")) else "off",
@@ -115,11 +99,9 @@ def open_run_devices(config):
 
 
 def attention_bytes(config, seq_len):
-    """An estimate of the attention maps' memory, in bytes, for a run of
-    `config` on sequences of `seq_len`: the training batch's (unless the
-    layer's `attention_path` for the config's attention options is the
-    chunked one) or the diagnostics probe's, which always materialises its
-    weights, whichever is larger."""
+    """An estimate of the attention maps' bytes for a run of `config` on
+    sequences of `seq_len`: the training batch's (none on the chunked
+    path) or the probe's, which materialises its weights, the larger."""
     one_map = 4 * config.num_heads * seq_len * seq_len * (
         _MAPS_PER_LAYER * config.num_layers)
     path = attention_path(seq_len, seq_len, **config.group("attention"))
@@ -128,13 +110,11 @@ def attention_bytes(config, seq_len):
 
 
 def model_bytes(config, task):
-    """An estimate of the memory, in bytes, of a run of `config` on `task`
-    besides its attention maps: the weights with their gradients and
-    Adam's moments, and the data (the held-out set and a fixed training
-    pool) with the activations of the projections and the
-    feed-forward network (every layer's of a training batch, kept for the
-    backward pass, or one layer's of a held-out batch, whichever is
-    larger). `(weights, activations)`."""
+    """An estimate of the bytes of a run of `config` on `task` besides its
+    attention maps, `(weights, activations)`: the weights with their
+    gradients and Adam's moments; the data with the activations of the
+    projections and the feed-forward network (every layer's of a training
+    batch or one layer's of a held-out batch, the larger)."""
     d, heads = config.d_model, config.num_heads
     values = config.value_dim or config.key_dim
     widths = (2 * heads * config.key_dim + 2 * heads * values
@@ -151,27 +131,13 @@ def model_bytes(config, task):
     return weights * _BYTES_PER_WEIGHT, activations * 4
 
 
-def physical_memory():
-    """This machine's memory in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_memory(config, task, memory=None):
-    """Refuses, before the first step, a run whose attention maps, or
-    weights and activations, cannot fit in `memory` bytes (default: this
-    machine's physical memory).
-
-    Args:
-        config: the run's `TrainConfig`.
-        task: the run's task; or its sequence length, to check the
-            attention maps only.
-        memory: the bytes available.
-
-    Raises:
-        UsageError: with the estimate, the limit and what to change.
-    """
+    """Raises `UsageError` (the estimate, the limit and what to change)
+    when a run's attention maps, or its weights and activations, cannot
+    fit in `memory` bytes (default: this machine's physical memory).
+    `task` may be a sequence length alone: the maps are checked only."""
     if memory is None:
-        memory = physical_memory()
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     seq_len = getattr(task, "seq_len", task)
     needed = attention_bytes(config, seq_len)
     if needed > memory:

@@ -1,10 +1,7 @@
-"""What `keras-attention train` shows of its loop.
-
-On a terminal: Keras's `Progbar`, rewritten in place. Otherwise (stdout sent
-to a file, a pipe or a scheduler's log): one plain line every `every` steps,
-with no carriage return, backspace or colour code, which `Progbar` writes
-whatever its output is (its bar is bold and coloured, and it moves back
-over the previous line with backspaces).
+"""What `keras-attention train` shows of its loop: on a terminal, Keras's
+`Progbar`; otherwise (a file, a pipe, a scheduler's log) a plain line every
+`every` steps, free of the carriage returns, backspaces and colour codes
+that `Progbar` writes whatever its output is.
 """
 
 import math
@@ -36,7 +33,7 @@ class StepDisplay:
         log_every: the steps between the loop's log windows (lines fall on
             them).
         stream: where the display goes (default: stdout).
-        clock: the time source of the plain lines' time left (seconds).
+        clock: the time source of the time left (seconds).
 
     Example:
 

@@ -1,13 +1,5 @@
-"""What a run trains with, on any backend: `build_parts`, the held-out
-evaluation and the diagnostics.
-
-`build_parts` builds a run's model and optimizer in the devices' scope and
-the running backend's compiled steps (`pipelines.backends`) in one `Parts`,
-which a sweep may keep for the next run of the same shapes.
-`make_evaluate` returns the held-out loss and accuracy over the task's
-held-out batches (and the task's numbers derived from them); `make_diagnose`
-the attention diagnostics of the current weights, with each head's scores on
-the task's attention patterns, logged to the event files.
+"""What a run trains with, on any backend: its `Parts` (`build_parts`), the
+held-out evaluation (`make_evaluate`) and the diagnostics (`make_diagnose`).
 """
 
 from typing import Callable, NamedTuple
@@ -28,6 +20,8 @@ from pipelines.common import to_jsonable
 
 # Largest held-out batch per evaluation call.
 MAX_EVAL_BATCH = 1024
+# Probe examples drawn in the Images tab's heat maps.
+MAX_IMAGES = 3
 
 
 def eval_batch_size(num_examples, num_replicas):
@@ -44,7 +38,7 @@ def eval_batch_size(num_examples, num_replicas):
 class Parts(NamedTuple):
     """What a run trains with: the model and optimizer (built in the
     devices' scope), the schedule, the host copy for diagnostics and
-    saving, the backend's compiled steps and the compiled probe."""
+    saving, the backend's compiled steps and the host copy's probe."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
@@ -54,35 +48,25 @@ class Parts(NamedTuple):
     probe: Callable
 
     def synced_host_model(self):
-        """The host copy holding the steps' current weights (synced from
-        the devices first): what the diagnostics probe and saving read."""
+        """The host copy, holding the steps' current weights."""
         self.steps.sync()
         self.host_model.set_weights(self.model.get_weights())
         return self.host_model
 
 
 def build_parts(config, devices, task, learning_rate=None):
-    """The `Parts` of a run of `config`, the weights drawn from its seed.
-
-    Args:
-        config: the resolved `TrainConfig`.
-        devices: the run's `pipelines.backends.Devices`.
-        task: the config's task.
-        learning_rate: optional scalar variable for the peak learning rate
-            (see `build_optimizer`).
-    """
+    """The `Parts` of a run of `config` on `devices`, the weights drawn
+    from its seed; `learning_rate` as for `build_optimizer`."""
     with devices.scope():
         seed_run(config.seed)
         model = build_model(config, task)
-        optimizer, schedule = build_optimizer(
-            config, devices.num_replicas, learning_rate
-        )
+        optimizer, schedule = build_optimizer(config, devices.num_replicas,
+                                              learning_rate)
         optimizer.build(model.trainable_variables)
     # A copy outside any distribution for the diagnostics and saving.
     host_model = build_model(config, task)
-    steps = backend_module(config.backend).Steps(
-        model, optimizer, task, config, devices
-    )
+    steps = backend_module(config.backend).Steps(model, optimizer, task,
+                                                 config, devices)
     return Parts(
         model, optimizer, schedule, host_model, steps,
         # Compiled once per run: eager probing cost about 3x more per call.
@@ -90,12 +74,11 @@ def build_parts(config, devices, task, learning_rate=None):
     )
 
 
-def make_evaluate(steps, task, config, devices, eval_batch):
-    """The held-out evaluation: `evaluate()` returns the weighted mean loss
-    and accuracy over the held-out set (this process's rows of each
-    `eval_batch`-example batch), as floats, and the task's
-    `heldout_scalars` of them (`{name: float}`)."""
+def make_evaluate(steps, task, config, devices):
+    """`evaluate()`: the weighted mean loss and accuracy over the held-out
+    set (this process's rows of it) and the task's `heldout_scalars`."""
     index, count = devices.shard
+    eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
 
     def evaluate():
         totals = np.zeros(3)
@@ -111,39 +94,25 @@ def make_evaluate(steps, task, config, devices, eval_batch):
     return evaluate
 
 
-# Probe examples drawn in the Images tab's heat maps.
-MAX_IMAGES = 3
-
-
-def make_diagnose(host_model, parts, probe, writer, task=None,
-                  probe_host_model=None):
+def make_diagnose(parts, probe, writer, task):
     """`diagnose(step, images=True)`: the diagnostics of the current weights
-    of `parts.model` (synced from `parts.steps`) on the probe batch, logged
-    to `writer` (with the Images tab's heat maps when `images`) and
-    returned as their JSON record.
+    on the probe batch, logged to `writer` (the Images tab's heat maps when
+    `images`) and returned as their JSON record.
 
-    With the `task`, it also writes the Attention dashboard's summary of
-    the first `DASHBOARD_EXAMPLES` probe examples of every attention layer,
-    labelled by `task.token_labels` and `task.target_cells`, from the
-    probe's own records (weights, scores, mask), and every head's score on
-    each of the task's `attention_patterns` over the whole probe batch
+    It also writes the Attention dashboard's summary of the first
+    `DASHBOARD_EXAMPLES` probe examples, labelled by the `task`, and every
+    head's score on each of the task's `attention_patterns`
     (`patterns/<pattern>/<layer>/head_<h>`, beside `patterns/<pattern>/chance`;
-    in the record under `"patterns"`).
-    `probe_host_model` is the compiled probe of `host_model` (default: a new
-    `diagnostics_probe`; a sweep passes the one it keeps across runs)."""
-    if probe_host_model is None:
-        # Compiled once per run: eager probing cost about 3x more per call.
-        probe_host_model = diagnostics_probe(host_model)
+    in the record under `"patterns"`)."""
     token_ids = np.asarray(probe[0])
     # The Images tab's heat maps carry the same token labels.
-    labels = None if task is None else task.token_labels(token_ids)
-    shown = token_ids[:DASHBOARD_EXAMPLES]
-    patterns = {} if task is None else task.attention_patterns(token_ids)
+    labels = task.token_labels(token_ids)
+    patterns = task.attention_patterns(token_ids)
     # The same logger as `keras_attention.AttentionMonitor`'s.
     logger = AttentionLogger(
-        probe_host_model, *probe, labels=labels,
-        target_cells=None if task is None else task.target_cells(shown),
-        dashboard=task is not None, dashboard_examples=DASHBOARD_EXAMPLES,
+        parts.probe, *probe, labels=labels,
+        target_cells=task.target_cells(token_ids[:DASHBOARD_EXAMPLES]),
+        dashboard=True, dashboard_examples=DASHBOARD_EXAMPLES,
         max_images=MAX_IMAGES,
     )
 

@@ -63,7 +63,6 @@ from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
 from pipelines.step_display import StepDisplay
 from pipelines.steps import build_parts
-from pipelines.steps import eval_batch_size
 from pipelines.steps import make_diagnose
 from pipelines.steps import make_evaluate
 from pipelines.tensorboard import open_run_logs
@@ -72,9 +71,7 @@ from pipelines.tensorboard import write_run_header
 
 
 # ---------------------------------------------------------- command line
-def add_arguments(parser):
-    """Adds the `train` flags (`pipelines.flags.add_train_arguments`)."""
-    add_train_arguments(parser)
+add_arguments = add_train_arguments
 
 
 def run(args):
@@ -115,42 +112,35 @@ def run(args):
 # ------------------------------------------------------------- train
 def train(config, return_model=False, hparams_experiment=True, reuse=None,
           progress=None):
-    """Trains the config's model on its task and writes the run directory.
-
-    Resumes from the last checkpoint in `config.logdir` when there is one.
+    """Trains the config's model on its task and writes the run directory,
+    resuming from the last checkpoint in `config.logdir` when there is one.
 
     Args:
-        config: a resolved `TrainConfig` (see
-            `pipelines.settings.resolve_config`).
-        return_model: also return the trained model (a copy of the weights
-            outside any distribution strategy).
-        hparams_experiment: declare this run's HParams experiment. A
-            pipeline that trains many runs under one TensorBoard logdir
-            (compare) declares one experiment at its root instead:
-            TensorBoard reads a single experiment per logdir.
+        config: a resolved `TrainConfig`.
+        return_model: also return the trained model (a host copy).
+        hparams_experiment: declare this run's HParams experiment; a grid
+            of runs under one logdir declares one at its root instead
+            (TensorBoard reads one experiment per logdir).
         reuse: optional `reuse(config, devices, task)` returning the
-            `pipelines.steps.Parts` to train with (default:
-            `pipelines.steps.build_parts`); a grid passes one that keeps
-            the compiled steps across runs (see `pipelines.engine.reuse`).
-        progress: optional `progress(step)`, called at each log interval
-            (a grid's progress display).
+            `pipelines.steps.Parts` to train with, in place of
+            `build_parts` (a grid keeps its compiled steps across runs).
+        progress: optional `progress(step)`, called at each log interval.
 
     Returns:
-        The metrics dict written to `metrics.json` (on the chief), and with
-        `return_model=True` the tuple `(metrics, model)`.
+        The metrics written to `metrics.json`, and with `return_model=True`
+        the tuple `(metrics, model)`.
 
     Raises:
-        UsageError: on bad settings, a logdir holding another run or locked
-            by another process, or a taken or unwritable `--export` path,
-            before anything is written; on damaged checkpoints only.
-        EnvironmentFailure: a refused write (`run_dir.writing_run`).
+        UsageError: before anything is written, on bad settings, a logdir
+            holding another run or locked, a taken `--export` path or
+            damaged checkpoints.
+        EnvironmentFailure: a refused write.
 
     Example:
 
     ```python
     config = resolve_config([Layer("demo", {"task": "reverse", "steps": 500})])
     metrics = train(config)
-    metrics["heldout_accuracy"]
     ```
     """
     start_time = time.time()
@@ -162,7 +152,8 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
         print(f"preparing the {config.task} task and compiling the model "
               "(the first step waits for it)", flush=True)
     config, devices = open_run_devices(config)
-    check_memory(config, build_task(config))
+    task = build_task(config)
+    check_memory(config, task)
     check_resumable(config)
     finished = completed_metrics(config)  # Rerun: no byte of it changes.
     if finished is not None:
@@ -179,26 +170,25 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
         keras.config.set_dtype_policy(config.precision)
         with writing_run(config.logdir, devices.chief):
             metrics, model = _train(
-                config, devices, start_time, hparams_experiment, reuse,
+                config, devices, task, start_time, hparams_experiment, reuse,
                 on_log=progress or (lambda step: None))
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return (metrics, model) if return_model else metrics
 
 
-def _train(config, devices, start_time, hparams_experiment, reuse,
+def _train(config, devices, task, start_time, hparams_experiment, reuse,
            on_log):
     logdir, steps, chief = config.logdir, config.steps, devices.chief
-    task = build_task(config)
 
     # -------- model, optimizer and compiled steps, identical on every
     # replica and worker; or those of an earlier run of the same shapes,
     # reset to this run's initial weights (a grid's `reuse`).
     parts = (build_parts if reuse is None else reuse)(config, devices, task)
-    model, optimizer, schedule, host_model = parts[:4]
+    host_model = parts.host_model
 
     # -------- checkpoint: resume where the last run of this command stopped.
-    checkpoints = Checkpoints(logdir, model, optimizer, chief)
+    checkpoints = Checkpoints(logdir, parts.model, parts.optimizer, chief)
     start_step = checkpoints.start_step
     parts.steps.reload()
 
@@ -214,19 +204,12 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
     # -------- data: every step's global batch is a function of (seed, step);
     # this process feeds its rows of it.
-    shard_index, num_shards = devices.shard
+    index, count = devices.shard
     train_data = task.batches(
         config.batch_size, config.seed, start_step=start_step,
-        train_size=config.train_size, shard_index=shard_index,
-        num_shards=num_shards,
-    )
-    eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
-
-    # -------- the compiled steps and the diagnostics probe.
-    train_step = parts.steps.train_step
-    evaluate = make_evaluate(parts.steps, task, config, devices, eval_batch)
-    diagnose = make_diagnose(host_model, parts, probe, logs.eval, task,
-                             probe_host_model=parts.probe)
+        train_size=config.train_size, shard_index=index, num_shards=count)
+    evaluate = make_evaluate(parts.steps, task, config, devices)
+    diagnose = make_diagnose(parts, probe, logs.eval, task)
 
     # -------- the loop.
     progress = _Progress.resumed(logs.eval.previous, start_step)
@@ -240,15 +223,15 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
     step, window = start_step, []
     clock = Clock()
     while step < steps:
-        loss, accuracy = train_step(next(train_data))
+        loss, accuracy = parts.steps.train_step(next(train_data))
         if clock.first_step is None:
             float(loss)  # Waits for the first step: tracing, compiling.
             clock.first_step = time.time() - clock.start
         step += 1
         window.append((loss, accuracy))
         if _due(step, config.log_every, steps):
-            mean_loss = _log_window(window, step, clock, schedule, logs.train,
-                                    progbar, config.batch_size)
+            mean_loss = _log_window(window, step, clock, parts.schedule,
+                                    logs.train, progbar, config.batch_size)
             window = []
             on_log(step)
             if not math.isfinite(mean_loss):
@@ -311,10 +294,8 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
         "steps_to_target": steps_to_target,
         "target_accuracy": config.target_accuracy,
         "eval_history": [[s, accuracy] for s, accuracy in progress.history],
-        "diagnostics": {
-            "init": progress.diagnostics_init,
-            "final": progress.diagnostics_final,
-        },
+        "diagnostics": {"init": progress.diagnostics_init,
+                        "final": progress.diagnostics_final},
         "backend": config.backend,
         "num_replicas": devices.num_replicas,
         "device_count": devices.device_count,
@@ -333,7 +314,7 @@ def _train(config, devices, start_time, hparams_experiment, reuse,
 
 # ------------------------------------------------------- the loop's parts
 def _due(step, every, last):
-    """Whether something done every `every` steps (and at the last) is due."""
+    """Whether a thing done every `every` steps (and at the last) is due."""
     return step % every == 0 or step == last
 
 
@@ -372,8 +353,8 @@ class _Progress:
 
 
 def _log_window(window, step, clock, schedule, writer, progbar, batch_size):
-    """Logs the mean loss and accuracy of a window of `(loss, accuracy)`
-    steps, the learning rate and the throughput; returns the mean loss."""
+    """Logs a window of `(loss, accuracy)` steps' means, the learning rate
+    and the throughput; returns the mean loss."""
     mean_loss = float(np.mean([float(loss) for loss, _ in window]))
     mean_accuracy = float(np.mean([float(accuracy) for _, accuracy in window]))
     steps_per_second = len(window) / clock.window_seconds()

@@ -1,19 +1,12 @@
-"""Training steps on JAX: `stateless_call` + `value_and_grad` +
-`stateless_apply`, in one `jax.jit`, data-parallel through `keras.distribution`.
+"""Training steps on JAX: `stateless_call`, `value_and_grad` and
+`stateless_apply` in one `jax.jit`, data-parallel through `keras.distribution`.
 
-The state (trainable, non-trainable and optimizer variable values) lives in
-JAX arrays between steps, as in Keras's own JAX trainer; `sync()` writes it
-back into the Keras variables (for checkpoints, diagnostics and saving),
-`reload()` takes the variables' values again (after a restore).
-
-With more than one local device, `keras.distribution.DataParallel` places a
-replica of every variable on each device and the global batch is sharded
-along its first axis, so the compiled step is one SPMD program whose loss
-is already the global-batch mean. Multi-host runs start JAX's distributed
-runtime with `keras.distribution.initialize()`, which reads
-`KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's `host:port` first),
-`KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`
-(on TPU pods and SLURM clusters JAX finds them itself).
+The state lives in JAX arrays between steps, as in Keras's JAX trainer;
+`sync()` writes it into the Keras variables, `reload()` reads them back.
+Over several local devices `keras.distribution.DataParallel` replicates the
+variables and shards the batch, so the step is one SPMD program whose loss
+is the global-batch mean. Multi-host runs start JAX's distributed runtime
+with `keras.distribution.initialize()` (`KERAS_DISTRIBUTION_*` variables).
 """
 
 import contextlib
@@ -45,15 +38,11 @@ def open_devices(strategy):
                 "KERAS_DISTRIBUTION_PROCESS_ID"
             ) from None
     devices = jax.devices()
-    platform = devices[0].platform
     accelerator = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu",
-                   "tpu": "tpu"}.get(platform, "cpu")
+                   "tpu": "tpu"}.get(devices[0].platform, "cpu")
     count = 1 if strategy == "default" else len(devices)
-    distribution = None
-    if count > 1:
-        distribution = keras.distribution.DataParallel(
-            devices=keras.distribution.list_devices()
-        )
+    distribution = None if count == 1 else keras.distribution.DataParallel(
+        devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(distribution)
     scope = (contextlib.nullcontext if distribution is None
              else distribution.scope)
@@ -73,22 +62,14 @@ def prepare(config):
     del config
 
 
-def _state(model, optimizer):
-    return (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in optimizer.variables],
-    )
-
-
 class Steps:
     """The compiled train and evaluation steps of `model` on JAX.
 
     Args:
-        model: the model, built in `devices.scope()`.
-        optimizer: its optimizer, built for its trainable variables.
-        task: the task; its `weighted_sums` is the loss and the accuracy.
-        config: the resolved `TrainConfig` (`jit_compile` `"on"`/`"off"`).
+        model, optimizer: built in `devices.scope()`, the optimizer for the
+            model's trainable variables.
+        task: the task; its `weighted_sums` give the loss and accuracy.
+        config: the resolved `TrainConfig`.
         devices: the run's `Devices`.
     """
 
@@ -163,7 +144,7 @@ class Steps:
 
     def train_step(self, batch):
         """One update on `batch` `(tokens, targets, weights)`; returns the
-        global-batch mean loss and accuracy (device scalars)."""
+        global-batch mean loss and accuracy."""
         self._state, loss, accuracy = self._train_step(
             self._state, *self._put(batch)
         )
@@ -175,18 +156,16 @@ class Steps:
         return np.asarray(self._eval_sums(self._state, *self._put(batch)),
                           np.float64)
 
+    def _variables(self):
+        return (self.model.trainable_variables,
+                self.model.non_trainable_variables, self.optimizer.variables)
+
     def sync(self):
-        """Writes the stepped state into the Keras variables (once per
-        state: a step that both checkpoints and probes copies once)."""
+        """Writes the state into the Keras variables (once per state)."""
         if self._synced:
             return
         self._synced = True
-        trainable, non_trainable, optimizer_values = self._state
-        for variables, values in (
-            (self.model.trainable_variables, trainable),
-            (self.model.non_trainable_variables, non_trainable),
-            (self.optimizer.variables, optimizer_values),
-        ):
+        for variables, values in zip(self._variables(), self._state):
             for variable, value in zip(variables, values):
                 # A copy: the next step donates the state's buffers, which
                 # the variables must not share.
@@ -194,6 +173,7 @@ class Steps:
 
     def reload(self):
         """Takes the Keras variables' values as the state."""
-        self._state = _state(self.model, self.optimizer)
+        self._state = tuple([variable.value for variable in variables]
+                            for variables in self._variables())
         # The variables hold it, but the next step donates its buffers.
         self._synced = False

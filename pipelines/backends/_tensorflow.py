@@ -1,13 +1,10 @@
 """Training steps on TensorFlow: `tf.GradientTape` under `tf.function`, over
 a `tf.distribute` strategy (default, mirrored, multi-worker or TPU).
 
-Every process computes the global batch of a step (a pure function of the
-seed and the step) and each replica takes its own rows of it, so the data
-are the same whatever the strategy. The per-replica loss is normalised by
-the global number of scored positions; the Keras optimizer all-reduces the
-gradients, or the step does when the optimizer must see the global gradient
-(clipping, loss scaling). The variables are TensorFlow's own, updated in
-place, so `sync()` and `reload()` have nothing to do.
+Every process computes the global batch of a step and each replica takes
+its rows of it, so the data are the same whatever the strategy. The
+variables are TensorFlow's own, updated in place: `sync()` and `reload()`
+have nothing to do.
 """
 
 import json
@@ -20,11 +17,10 @@ import tensorflow as tf
 from pipelines.backends import Devices
 from pipelines.common import UsageError
 
-# ------------------------------------------------------------ strategies
 # Created once per process and reused by later runs: a multi-worker cluster
 # or a TPU system can be set up only once, and two mirrored strategies over
-# the same devices would number their collective operations from the same
-# start and clash.
+# the same devices would number their collective operations alike and
+# clash.
 _STRATEGIES = {}
 
 
@@ -42,16 +38,13 @@ def _create_strategy(name):
             return _STRATEGIES["tpu"]
         if len(tf.config.list_logical_devices("GPU")) > 1:
             return _strategy("mirrored")
-        return tf.distribute.get_strategy()
-    if name == "default":
+    if name in ("auto", "default"):
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        devices = tf.config.list_logical_devices("GPU") or (
-            tf.config.list_logical_devices("CPU")
-        )
+        devices = (tf.config.list_logical_devices("GPU")
+                   or tf.config.list_logical_devices("CPU"))
         return tf.distribute.MirroredStrategy(
-            devices=[device.name for device in devices]
-        )
+            devices=[device.name for device in devices])
     if name == "multiworker":
         cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
         if not cluster.get("cluster"):
@@ -85,10 +78,8 @@ def _accelerator(strategy):
         return "tpu"
     # The default strategy has no device list; it places ops on the first
     # GPU when there is one.
-    devices = (
-        [device.name for device in tf.config.list_logical_devices()]
-        if kind == "default" else strategy.extended.worker_devices
-    )
+    devices = ([device.name for device in tf.config.list_logical_devices()]
+               if kind == "default" else strategy.extended.worker_devices)
     return "gpu" if any("GPU" in d.upper() for d in devices) else "cpu"
 
 
@@ -117,9 +108,8 @@ def _is_chief(strategy):
 
 def open_devices(strategy):
     """The `Devices` of `--strategy strategy` on TensorFlow: `"auto"` picks
-    a TPU when a TPU cluster resolver finds one, mirrored over the GPUs
-    when there are several, else the default strategy; `"mirrored"` over
-    the GPUs or the logical CPUs; `"multiworker"` reads `TF_CONFIG`."""
+    a TPU when one is found, mirrored over several GPUs, else the default
+    strategy; `"mirrored"` is over the GPUs or the logical CPUs."""
     strategy = _strategy(strategy)
     return Devices(
         backend="tensorflow",
@@ -141,13 +131,9 @@ def prepare(config):
         tf.config.experimental.enable_op_determinism()
 
 
-# ----------------------------------------------------------------- steps
 class Steps:
-    """The compiled train and evaluation steps of `model` on TensorFlow.
-
-    Args: as for `pipelines.backends._jax.Steps`; the model and optimizer
-    are built in `devices.scope()`, the strategy's scope.
-    """
+    """The compiled train and evaluation steps of `model` on TensorFlow
+    (arguments as for `pipelines.backends._jax.Steps`)."""
 
     def __init__(self, model, optimizer, task, config, devices):
         strategy = devices.handle
@@ -172,8 +158,8 @@ class Steps:
         )
 
     def train_step(self, batch):
-        """One update on the global `batch`; returns the global-batch mean
-        loss and accuracy."""
+        """One update on the global `batch`; returns the mean loss and
+        accuracy."""
         return self._train_step(self._distribute(batch))
 
     def eval_sums(self, batch):

@@ -1,9 +1,7 @@
-"""Training steps on torch: `backward()` and `optimizer.apply`, on one device.
-
-Keras's distribution API covers JAX only in its releases (its torch part is
-not released), so a torch run trains on one device: the first GPU when
-torch sees one, else the CPU. The variables are torch tensors that the
-step updates in place, so `sync()` and `reload()` have nothing to do.
+"""Training steps on torch: `backward()` and `optimizer.apply`, on one device
+(the first GPU, else the CPU): Keras's distribution API for torch is not in
+a release. The variables are updated in place: `sync()` and `reload()`
+have nothing to do.
 """
 
 import contextlib
@@ -40,18 +38,14 @@ def prepare(config):
 
 
 class Steps:
-    """The train and evaluation steps of `model` on torch (eager).
-
-    Args: as for `pipelines.backends._jax.Steps`; `config.jit_compile` must
-    be `"off"` (checked when the config is resolved for the devices).
-    """
+    """The eager train and evaluation steps of `model` on torch (arguments
+    as for `pipelines.backends._jax.Steps`)."""
 
     def __init__(self, model, optimizer, task, config, devices):
         del config, devices
         self.model, self.optimizer, self.task = model, optimizer, task
-        self._scaled = isinstance(
-            optimizer, keras.optimizers.LossScaleOptimizer
-        )
+        self._scaled = isinstance(optimizer,
+                                  keras.optimizers.LossScaleOptimizer)
 
     def train_step(self, batch):
         """One update on `batch`; returns the mean loss and accuracy."""
