@@ -617,11 +617,13 @@ def test_parallel_jobs_give_the_same_results(tiny_comparison, tmp_path):
 
     accuracy = by_run(document, lambda r: r["final_accuracy"])
     assert len(accuracy) == len(ARMS) * len(SEEDS)
-    assert by_run(other, lambda r: r["final_accuracy"]) == (
-        pytest.approx(accuracy, abs=1e-6)
-    )
-    assert by_run(other, lambda r: r["init"]["score_std"]) == pytest.approx(
-        by_run(document, lambda r: r["init"]["score_std"]), rel=1e-5)
+    # Exactly: the workers keep this process's thread pools, and XLA splits
+    # its sums by pool size.
+    assert by_run(other, lambda r: r["final_accuracy"]) == accuracy
+    assert by_run(other, lambda r: r["init"]) == by_run(
+        document, lambda r: r["init"])
+    assert by_run(other, lambda r: r["final"]) == by_run(
+        document, lambda r: r["final"])
 
 
 def test_markdown_table_hand_case():

@@ -196,6 +196,36 @@ def test_progress_says_runs_done_the_current_step_and_the_time_left():
 
 
 
+def test_two_workers_estimate_from_when_both_train():
+    # Shaped like the default comparison at --jobs 2 (measured: 30 steps/s
+    # a worker once both train): worker b reports 1 s after a, and both
+    # train at 30 steps/s, so 61 s are left at t = 36. Anchored at a's
+    # first report, the old estimate read 10 steps in b's first second as
+    # the rate: about 6 min 30 s.
+    clock, stream = _Clock(), io.StringIO()
+    progress = Progress({name: 1000 for name in "abcd"}, total=4,
+                        log=lambda line: None, stream=stream, every_s=30,
+                        clock=clock, workers=2)
+    clock.now = 30.0
+    progress.step("a", 10)
+    clock.now = 31.0
+    progress.step("b", 10)
+    assert progress.seconds_left() is None  # nothing measured yet
+    clock.now = 33.0
+    progress.step("a", 70)
+    progress.step("b", 70)
+    assert progress.seconds_left() is None  # 2 s: under calibrate_s
+    clock.now = 36.0
+    progress.step("a", 160)
+    progress.step("b", 160)
+    # 300 steps in 5 s; 4000 - 320 left.
+    assert progress.seconds_left() == pytest.approx(3680 / 60)
+    # The line shown at a's report (b still at 70): within 2x of the 61 s.
+    shown = stream.getvalue().splitlines()[-1]
+    minutes, seconds = re.findall(r"about (\d+) min (\d+) s left", shown)[0]
+    assert 0.5 <= (60 * int(minutes) + int(seconds)) / 61 <= 2.0, shown
+
+
 def _simulated_grid(runs, compile_s, startup_s, step_s, report_every,
                     eval_every, eval_s):
     """Replays a grid on a fake clock: `runs` is `[(name, shape, steps)]`,

@@ -63,7 +63,8 @@ class Grid:
         axes: `{setting: [values]}` in name order, the seed last.
         trained: `{setting: [values]}`: a run whose value of the setting is
             not listed is measured at init only.
-        jobs: runs trained at once (worker processes when > 1).
+        jobs: runs trained at once (worker processes when > 1; 0: two
+            when the machine and the grid are big enough).
         order: the order the runs are listed in (axis names and `"arm"`,
             outermost first); default: the axes, then the arm.
     """

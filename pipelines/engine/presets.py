@@ -97,6 +97,7 @@ class Preset:
     seeds: int
     expected: str
     trained: dict = dataclasses.field(default_factory=dict)
+    # 0: "auto" (`pipelines.engine.runner.resolve_jobs`).
     jobs: int = 1
     options: dict = dataclasses.field(default_factory=dict)
 
@@ -152,9 +153,11 @@ COMPARE_PRESETS = {
                       checkpoint_every=500, heldout_size=512),
         axes={"key_dim": (16, 64, 256, 1024)}, trained={"key_dim": (1024,)},
         options={"variance_samples": 20000},
-        # Six runs of 1000 steps at d_k 1024, about 16 s each with XLA on 2
-        # idle cores; init probes, figures and the report take the rest.
-        expected="about 2-3 minutes on 2 idle CPU cores"),
+        # Six runs of 1000 steps at d_k 1024, 25-29 s each with XLA in one
+        # process on 2 idle cores (181 s in all); two workers ("auto",
+        # `runner.resolve_jobs`) train three each, 147 s in all, with the
+        # same numbers. Init probes, figures and the report take the rest.
+        jobs=0, expected="about 2 1/2 minutes on 2 idle CPU cores"),
     # Every arm trained at every d_k, five seeds: for a GPU.
     "full": Preset(
         task="recall", arms=tuple(ARMS), seeds=5,

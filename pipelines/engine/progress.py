@@ -29,10 +29,12 @@ class Progress:
         builds: the runs that build and compile anew (the first of each
             shape); default: the first run only.
         workers: processes training side by side (sharing the builds).
+        calibrate_s: the shortest time the step rate is measured over.
     """
 
     def __init__(self, steps, total, log=print, stream=None, every_s=30.0,
-                 clock=time.monotonic, builds=None, workers=1):
+                 clock=time.monotonic, builds=None, workers=1,
+                 calibrate_s=5.0):
         self.steps = dict(steps)
         self.total = total
         self.done = total - len(self.steps)
@@ -46,6 +48,9 @@ class Progress:
         self._shown = None
         self.builds = set(list(self.steps)[:1] if builds is None else builds)
         self.workers = max(1, workers)
+        # The shortest time a rate is measured over (the first steps after
+        # a compile run slower).
+        self.calibrate_s = calibrate_s
         self._started = set()
         # (time, steps trained) at the first step report, and the start-up
         # time it measured.
@@ -64,7 +69,13 @@ class Progress:
         """Run `name` has reached `step`."""
         self.current[name] = step
         self._started.add(name)
-        if self._anchor is None:
+        # The rate is measured from when every worker trains: anchored at
+        # the first worker's report, the second's start-up counted as its
+        # steps' time (the default comparison at --jobs 2 said "about 6 min"
+        # for 2).
+        if self._anchor is None and (
+                len(self.current) >= min(self.workers, len(self.steps))
+                or self.trained):
             self._anchor = (self.clock(), self._trained_now())
         self._show()
 
@@ -82,14 +93,14 @@ class Progress:
         return self.trained + sum(self.current.values())
 
     def seconds_left(self):
-        """The time left, or None until two step reports (or a report and a
-        finished run) have measured the step rate."""
+        """The time left, or None until the step rate of every worker has
+        been measured over `calibrate_s` seconds."""
         if self._anchor is None:
             return None
         anchor_time, anchor_trained = self._anchor
         trained = self._trained_now()
         elapsed = self.clock() - anchor_time
-        if trained <= anchor_trained or elapsed <= 0:
+        if trained <= anchor_trained or elapsed < self.calibrate_s:
             return None
         rate = (trained - anchor_trained) / elapsed
         if not self._estimated:

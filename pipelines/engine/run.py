@@ -19,6 +19,7 @@ from pipelines.engine.progress import Progress
 from pipelines.engine.reuse import shape_key
 from pipelines.engine.runner import PENDING_DIR
 from pipelines.engine.runner import in_runner_order
+from pipelines.engine.runner import resolve_jobs
 from pipelines.engine.runner import train_runs
 from pipelines.engine.shards import shard_block
 from pipelines.locks import RunDirectoryBusy
@@ -73,11 +74,12 @@ def _train(grid, log):
     first_of_shape = {}
     for run in todo:
         first_of_shape.setdefault(shape_key(run.config), run.name)
+    jobs = resolve_jobs(grid.jobs, todo)
     progress = Progress({run.name: run.config.steps for run in todo},
                         len(runs), log, builds=first_of_shape.values(),
-                        workers=min(grid.jobs, len(first_of_shape)) or 1)
+                        workers=min(jobs, len(todo)) or 1)
     progress.begin()
-    trained = train_runs(todo, grid.jobs, pending, progress)
+    trained = train_runs(todo, jobs, pending, progress)
     trained.update(skipped=len(runs) - len(todo),
                    train_wall_time_s=time.time() - started)
     return trained

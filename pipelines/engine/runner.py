@@ -32,6 +32,11 @@ PENDING_DIR = ".pending"
 STEP_REPORT_S = 1.0
 # How often the progress display hears of steps while runs train.
 _POLL_S = 0.2
+# `jobs=0`, a preset's "auto": two workers on a machine of two or more
+# cores, for a grid that trains at least this many steps in all; one
+# process below it, where a worker's start (imports and compile, about
+# 14 s on 2 cores) costs more than it saves.
+AUTO_JOBS_STEPS = 2000
 _DIED = ("its worker process died during the run (killed, or out of "
          "memory); the rest of its share was not started; the workers' "
          "output: {}")
@@ -104,8 +109,8 @@ def shares(configs, jobs):
 
 
 @contextlib.contextmanager
-def worker_environment(threads, stderr):
-    """Inside, `os.environ` is a worker's with `threads` CPU threads, and fd
+def worker_environment(stderr):
+    """Inside, `os.environ` is a worker's, and fd
     2 is the file `stderr`, for the processes spawned there (backends read
     the environment as they load, before any initializer runs)."""
     saved, saved_stderr = dict(os.environ), os.dup(2)
@@ -118,16 +123,11 @@ def worker_environment(threads, stderr):
     # Several processes share the accelerator: none may take all its memory.
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    # One core's share each (on 2 cores, two 1-thread workers trained 1.45x
-    # the steps per second of one 2-thread process at d_k 1024).
-    env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
-    env.setdefault("TF_NUM_INTEROP_THREADS", str(threads))
-    # torch's and XLA's CPU thread pools read these.
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    if threads == 1 and "xla_cpu_multi_thread_eigen" not in env.get(
-            "XLA_FLAGS", ""):
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
-                            + " --xla_cpu_multi_thread_eigen=false").strip()
+    # The thread pools stay the size one process would have, so a grid's
+    # numbers do not depend on --jobs: XLA splits its sums by pool size.
+    # Measured on 2 cores, the default comparison at --jobs 2: the same
+    # comparison.json as in one process, 147 s against 181 s; 1-thread
+    # workers took 149 s and ended the unscaled runs elsewhere.
     try:
         yield
     finally:
@@ -164,7 +164,6 @@ def _train_in_workers(worker_shares, pending, finished, on_step,
     was neither. `task(config)` trains one run (a test's stand-in)."""
     context = multiprocessing.get_context("spawn")
     steps = context.Queue()
-    threads = max(1, (os.cpu_count() or 1) // len(worker_shares))
     pools = [concurrent.futures.ProcessPoolExecutor(
         1, mp_context=context, initializer=_start_worker, initargs=(steps,))
         for _ in worker_shares]
@@ -172,7 +171,7 @@ def _train_in_workers(worker_shares, pending, finished, on_step,
     os.makedirs(pending, exist_ok=True)
     output = os.path.join(pending, "workers.log")
     try:
-        with open(output, "w") as log, worker_environment(threads, log):
+        with open(output, "w") as log, worker_environment(log):
             # `submit` spawns the pool's process.
             futures = {pool.submit(task, config): (pool, config)
                        for pool, share in zip(pools, worker_shares)
@@ -219,6 +218,14 @@ def _relay_steps(steps, ended, on_step):
             return
         if logdir not in ended:  # A late report of a run that has ended.
             on_step(logdir, step)
+
+
+def resolve_jobs(jobs, runs):
+    """The worker count for `runs`: `jobs`, or the auto rule when 0."""
+    if jobs:
+        return jobs
+    steps = sum(run.config.steps for run in runs)
+    return 2 if (os.cpu_count() or 1) >= 2 and steps >= AUTO_JOBS_STEPS else 1
 
 
 def train_runs(runs, jobs, pending, progress):
