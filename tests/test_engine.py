@@ -434,3 +434,10 @@ def test_a_dead_worker_names_its_run_and_the_other_share_finishes(tmp_path):
     assert isinstance(fault, ZeroDivisionError)
     assert set(steps) <= {("trained", 1), ("last", 1)}
     assert pending.is_dir()  # The workers' output stays for a look.
+    # A worker's thread pools are sized as this process's: XLA splits its
+    # sums by pool size, so fewer threads would change a grid's numbers
+    # with --jobs (1-thread workers ended the default comparison's unscaled
+    # runs elsewhere).
+    here = {name: os.environ.get(name)
+            for name in _engine_tasks.THREAD_VARIABLES}
+    assert by_name["trained"]["threads"] == by_name["last"]["threads"] == here

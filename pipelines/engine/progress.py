@@ -3,11 +3,11 @@
 Finished runs are logged as lines; the status line is rewritten in place on
 a terminal, else printed every `every_s` seconds as plain lines.
 
-The time left is calibrated on the steps trained since the first step
-report, not since the start: the first run's build and compile took as long
-as 100 of its steps (2 CPU cores), and counting it made the default
-comparison's first estimate "about 1 h 00 min" for a 4-minute job. Each
-build still to come adds the first one's start-up time.
+The time left is calibrated on the steps trained since every worker's
+first step report, not since the start: the first run's build and compile
+took as long as 100 of its steps (2 CPU cores), and counting it made the
+default comparison's first estimate "about 1 h 00 min" for a 4-minute job.
+Each build still to come adds the first one's start-up time.
 """
 
 import sys
