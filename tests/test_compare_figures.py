@@ -228,6 +228,23 @@ def test_custom_scalars_layout_and_bands(tiny_comparison):
                     mean - sd, rel=1e-6, abs=1e-7)
                 assert tags[f"{name}/upper"][step] == pytest.approx(
                     mean + sd, rel=1e-6, abs=1e-7)
+    # The claims' scalars over d_k (step = d_k): numpy's means over seeds
+    # of comparison.json's records.
+    claims = read_event_scalars(os.path.join(logdir, "claims"))
+    records = document["runs"] + document["init_only"]
+    for arm in document["arms"]:
+        final = [r["final_accuracy"] for r in document["runs"]
+                 if r["arm"] == arm]
+        assert claims[f"final/accuracy/{arm}"] == {
+            TRAINED: pytest.approx(np.mean(final), rel=1e-6)}
+        for key in ("score_std", "entropy_normalized", "saturated_fraction",
+                    "grad_norm_scores"):
+            assert claims[f"init/{key}/{arm}"] == {
+                key_dim: pytest.approx(np.mean(
+                    [r["init"][key] for r in records
+                     if r["arm"] == arm and r["key_dim"] == key_dim]),
+                    rel=1e-6, abs=1e-9)
+                for key_dim in document["key_dims"]}
 
 
 def test_comparison_html_is_offline_and_renders(tiny_comparison, tmp_path):

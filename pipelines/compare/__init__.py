@@ -124,7 +124,7 @@ def evaluate_claims(plan, results, claims=None, log=print):
     """`{number: evidence}` of the claims that apply to the grid, measured
     from `results` (`measure.collect`, with `"variance"`)."""
     return {claim.NUMBER: claim.measure(plan, results, log)
-            for claim in claims or grid_claims(plan)
+            for claim in (grid_claims(plan) if claims is None else claims)
             if claim.applies(plan)}
 
 

@@ -14,6 +14,7 @@ from pipelines.reports.numbers import fmt
 from pipelines.reports.numbers import fmt_mean_sd
 from pipelines.reports.numbers import fmt_steps
 from pipelines.reports.numbers import mean_sd
+from pipelines.reports.numbers import over_seeds
 from pipelines.reports.plotting import finish_panel
 from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
@@ -312,10 +313,8 @@ def _gradient_ratio_figure(document):
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="1")
     log2_axis(ax, key_dims)
     ax.set_yscale("log", base=2)
-    ax.set_ylabel(f"{PAIR[1]} / {PAIR[0]} at init")
-    ax.set_title("Gradient norms at init, unscaled over scaled")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish_panel(ax, f"{PAIR[1]} / {PAIR[0]} at init",
+                 "Gradient norms at init, unscaled over scaled")
     return figure
 
 
@@ -331,12 +330,10 @@ FIGURES = (
 def scalars(plan, claim, results):
     results = sliced(plan, results)
     points = init_points(results, ("grad_norm_scores",))
-    for arm in plan.arms:
-        by_key_dim = {}
-        for record in results["runs"]:
-            if record["arm"] == arm and record["final_accuracy"] is not None:
-                by_key_dim.setdefault(record["key_dim"], []).append(
-                    record["final_accuracy"])
-        points += [(f"final/accuracy/{arm}", float(np.mean(values)), key_dim)
-                   for key_dim, values in sorted(by_key_dim.items())]
+    final = over_seeds(results["runs"], ("arm", "key_dim"),
+                       lambda record: record["final_accuracy"])
+    points += [(f"final/accuracy/{arm}", stats["mean"], key_dim)
+               for arm in plan.arms
+               for (of, key_dim), stats in sorted(final.items())
+               if of == arm and stats["mean"] is not None]
     return {"claims": points}

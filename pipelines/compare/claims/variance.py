@@ -56,13 +56,15 @@ def variance_claim(plan, results, variance_rows):
     return {
         "holds": (
             None if not has_pair(plan) and not variance_rows
-            else all(variance_ok)
-            and all(abs(r["relative_error"]) <= RATIO_TOLERANCE
-                    for r in ratios)
+            else all(variance_ok) and _ratios_within(ratios)
         ),
         "variance_within_tolerance": variance_ok,
         "score_std_ratios": ratios,
     }
+
+
+def _ratios_within(ratios):
+    return all(abs(r["relative_error"]) <= RATIO_TOLERANCE for r in ratios)
 
 
 def measure(plan, results, log=print):
@@ -93,8 +95,7 @@ def variance_verdict(claim, variance_rows):
             "table): the derivation is NOT confirmed by these samples.")
     ratios = claim["score_std_ratios"]
     if ratios:
-        within = all(abs(r["relative_error"]) <= RATIO_TOLERANCE
-                     for r in ratios)
+        within = _ratios_within(ratios)
         scaled = [r["scaled_score_std"] for r in ratios]
         low, high = _UNIT_STD_RANGE
         lines.append(
@@ -103,8 +104,8 @@ def variance_verdict(claim, variance_rows):
                 f"{r['ratio']:.2f} at d_k {r['key_dim']} (√d_k = "
                 f"{r['sqrt_key_dim']:.2f})" for r in ratios
             )
-            + (" — within 5% of √d_k everywhere."
-               if within else " — NOT within 5% of √d_k everywhere.")
+            + (" — " if within else " — NOT ")
+            + f"within {RATIO_TOLERANCE:.0%} of √d_k everywhere."
             + " Both arms start from the same weights, so this ratio is the"
             " scale itself; what tests the lesson's assumption is the scaled"
             f" score std, {min(scaled):.2f}–{max(scaled):.2f}: "
