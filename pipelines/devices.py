@@ -17,9 +17,8 @@ from pipelines.common import UsageError
 _MAPS_PER_LAYER = 4
 # A weight, its gradient and Adam's two moments: 4 float32.
 _BYTES_PER_WEIGHT = 16
-# The largest held-out batch of an evaluation (`steps.MAX_EVAL_BATCH`;
-# tests/test_grid_identity.py checks they agree).
-_EVAL_BATCH = 1024
+# The largest held-out batch of an evaluation (`steps.eval_batch_size`).
+MAX_EVAL_BATCH = 1024
 
 
 def resolve_precision(precision, backend, accelerator):
@@ -127,7 +126,7 @@ def model_bytes(config, task):
     data = 3 * task.seq_len * (config.heldout_size + (config.train_size or 0))
     activations = data + task.seq_len * widths * max(
         config.num_layers * config.batch_size,
-        min(config.heldout_size, _EVAL_BATCH))
+        min(config.heldout_size, MAX_EVAL_BATCH))
     return weights * _BYTES_PER_WEIGHT, activations * 4
 
 

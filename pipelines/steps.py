@@ -17,9 +17,8 @@ from pipelines.builders import build_model
 from pipelines.builders import seed_run
 from pipelines.builders import build_optimizer
 from pipelines.common import to_jsonable
+from pipelines.devices import MAX_EVAL_BATCH
 
-# Largest held-out batch per evaluation call.
-MAX_EVAL_BATCH = 1024
 # Probe examples drawn in the Images tab's heat maps.
 MAX_IMAGES = 3
 

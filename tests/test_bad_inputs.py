@@ -185,6 +185,12 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
     assert attention_bytes(config, 4096) == 16 * 4096**2 * 4 * 4
     assert attention_bytes(config.replace(logit_soft_cap=30.0), 4096) == (
         64 * 4096**2 * 4 * 4)
+    # A path named outright is taken at any length.
+    for implementation in ("explicit", "fused"):
+        assert attention_bytes(config.replace(implementation=implementation),
+                               4096) == 64 * 4096**2 * 4 * 4
+    assert attention_bytes(config.replace(implementation="memory_efficient"),
+                           4096) == 16 * 4096**2 * 4 * 4
     with pytest.raises(UsageError, match="memory_efficient"):
         check_memory(config, 1000, memory=64 * 1000**2 * 16 - 1)
     check_memory(config, 1000, memory=64 * 1000**2 * 16)
@@ -200,8 +206,10 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
 def test_the_memory_estimate_takes_the_layers_path(
         tiny_config, implementation, cap):
     # The estimate counts the training batch's maps exactly when the layer,
-    # built from the same attention options, materialises its scores: a
-    # second code path, the layer's own choice on inputs of that length.
+    # built from the same attention options, materialises its scores: both
+    # ask `attention_path`, and this keeps the layer's choice on inputs of
+    # that length from gaining a rule of its own (the numbers are checked
+    # by hand above).
     config = tiny_config(probe_size=1, num_heads=1, num_layers=1,
                          batch_size=8, implementation=implementation,
                          logit_soft_cap=cap)

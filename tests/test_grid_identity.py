@@ -20,10 +20,8 @@ import pytest
 
 from keras_attention.models import build_sequence_model
 from pipelines import cli
-from pipelines import steps
 from pipelines.compare import COMPARISON_JSON
 from pipelines.settings import MAX_LAYERS
-from pipelines.devices import _EVAL_BATCH
 from pipelines.engine.flags import MAX_RUNS
 from pipelines.engine.identity import GRID_FILE
 from pipelines.engine.identity import REPORT_FILES
@@ -95,9 +93,8 @@ def finished(tmp_path_factory):
     return {"root": root, "comparison": comparison, "run": run}
 
 
-def test_the_names_the_engine_reads_are_the_reports_and_steps():
+def test_the_names_the_engine_reads_are_the_reports():
     assert REPORT_FILES == {"compare": COMPARISON_JSON, "sweep": SWEEP_JSON}
-    assert _EVAL_BATCH == steps.MAX_EVAL_BATCH
 
 
 def test_the_folder_holds_the_plan_it_was_made_with(finished):
