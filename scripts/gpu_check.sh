@@ -28,6 +28,13 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+# Before the wheels are installed: a refusal installs nothing (JAX is the
+# machine's own).
+if [ -z "$smoke" ] && [ "$(python3 -c 'import jax
+print(jax.default_backend())' 2>/dev/null)" != gpu ]; then
+    echo "gpu_check.sh: error: JAX sees no GPU; --smoke runs on a CPU" >&2
+    exit 2
+fi
 if [ -z "$smoke" ] && ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile \
         --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
@@ -35,11 +42,6 @@ if [ -z "$smoke" ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KERAS_BACKEND=jax \
     PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
-if [ -z "$smoke" ] && [ "$(python3 -c 'import jax
-print(jax.default_backend())' 2>/dev/null)" != gpu ]; then
-    echo "gpu_check.sh: error: JAX sees no GPU; --smoke runs on a CPU" >&2
-    exit 2
-fi
 runs=${logdir:-$(mktemp -d -t gpu-check-XXXX)}
 mkdir -p "$out" "$runs" && rm -f "$runs/stages.tsv" || exit 2
 if [ -n "$smoke" ]; then  # every stage's code path, at tiny sizes

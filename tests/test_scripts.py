@@ -258,10 +258,13 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
 def test_gpu_check_refuses_a_bad_argument_and_a_cpu(tmp_path):
     for argv, expected in ((["--budget-s", "1"], "unknown argument"),
                            (["--out", str(tmp_path / "out")],
-                            "JAX sees no GPU")):  # this machine has none
+                            "JAX sees no GPU")):
         completed = subprocess.run(
             ["bash", str(SCRIPTS / "gpu_check.sh"), *argv],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=120,
+            # JAX on the CPU whatever the machine has: the refusal is the
+            # point, not this machine's lack of a GPU.
+            env=dict(os.environ, JAX_PLATFORMS="cpu"))
         own = _own_lines(completed, "gpu_check.sh")
         assert completed.returncode == 2, completed.stderr[-2000:]
         assert len(own) == 1 and expected in own[0], own
