@@ -17,6 +17,7 @@ from keras_attention import ops as attention_ops
 from keras_attention import scales
 from keras_attention.initializers import fresh
 from keras_attention.memory_efficient import memory_efficient_attention
+from keras_attention.validation import FLOAT32_MAX
 from keras_attention.validation import check_bool
 from keras_attention.validation import check_choice
 from keras_attention.validation import check_int
@@ -24,8 +25,6 @@ from keras_attention.validation import check_rate
 from keras_attention.validation import check_real
 
 IMPLEMENTATIONS = ("auto", "explicit", "fused", "memory_efficient")
-# The largest `logit_soft_cap`: the scores are float32 (float64 for float64).
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -150,7 +149,7 @@ class ScaledDotProductAttention(keras.layers.Layer):
         self.dropout = check_rate(dropout, "dropout")
         check_choice(implementation, "implementation", IMPLEMENTATIONS)
         self.logit_soft_cap = check_real(
-            logit_soft_cap, "logit_soft_cap", low=0.0, high=_FLOAT32_MAX,
+            logit_soft_cap, "logit_soft_cap", low=0.0, high=FLOAT32_MAX,
             low_open=True, allow_none=True)
         if logit_soft_cap is not None and implementation in (
                 "fused", "memory_efficient"):

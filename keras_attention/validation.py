@@ -149,6 +149,10 @@ def check_choice(value, name, choices):
 
 # What a summary writer offers: `keras_attention.events.SummaryWriter`, or
 # anything with its methods (a non-chief worker's writer that discards).
+# The largest float32: the bound of a real setting that reaches float32
+# scores or summaries (`--learning-rate 1e308` overflowed when logged).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 WRITER_METHODS = ("scalar", "histogram", "image", "text", "tensor",
                   "write_summary", "flush")
 

@@ -47,8 +47,8 @@ INT_LIMIT, SEED_LIMIT = 2**31 - 1, 2**32 - 1
 MAX_LAYERS = 512
 _LAYERS_WHY = ("Keras builds and loads a model by a walk that recurses once per layer, and "
                "Python stops at 1000 frames by default")
-# Real settings reach float32: `--learning-rate 1e308` overflowed when logged.
-REAL_LIMIT = float(3.4028234663852886e38)
+# Real settings reach float32 (`validation.FLOAT32_MAX`).
+REAL_LIMIT = validation.FLOAT32_MAX
 
 
 @dataclasses.dataclass(frozen=True)
