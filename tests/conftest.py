@@ -18,6 +18,7 @@ from _backends import MARKED_MODULES  # noqa: E402
 from _backends import OTHER_BACKENDS  # noqa: E402
 from pipelines import cli  # noqa: E402
 from pipelines.settings import Layer  # noqa: E402
+from pipelines.settings import flag  # noqa: E402
 from pipelines.settings import resolve_config  # noqa: E402
 
 # Task settings that make a run take seconds on a 2-core CPU.
@@ -35,6 +36,24 @@ def make_tiny_config(task="recall", **settings):
     "reverse"); `settings` are given on top (as a `tests` layer)."""
     values = {"task": task, **TINY_TASKS[task], **TINY_LOOP, **settings}
     return resolve_config([Layer("tests", values)])
+
+
+def train_tiny(tmp_path, **settings):
+    """`keras-attention train --quiet` of a 2-step tiny recall run in
+    `tmp_path/run`, `settings` given as flags: `(exit status, non-blank
+    stderr lines)`."""
+    values = {"task": "recall", **TINY_TASKS["recall"],
+              **{k: v for k, v in TINY_LOOP.items() if k != "verbose"},
+              "steps": 2, "logdir": str(tmp_path / "run"), **settings}
+    argv = ["train", "--quiet"]
+    for name, value in values.items():
+        argv += [flag(name), repr(value) if isinstance(value, float)
+                 else str(value)]
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        status = cli.main(argv)
+    return status, [line for line in stderr.getvalue().splitlines()
+                    if line.strip()]
 
 
 @pytest.fixture(scope="session")

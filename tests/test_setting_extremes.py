@@ -10,8 +10,6 @@ its flag (exit 2, nothing written), or, for the optimizer's rates, diverges
 and stops with one line naming the step (exit 1). Never a traceback.
 """
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -21,16 +19,11 @@ import pytest
 
 from keras_attention import validation
 from pipelines.checkpoints import CHECKPOINT_DIR
-from pipelines.cli import main
 from pipelines.settings import flag
 from pipelines.settings import DECLARED
 from pipelines.settings import value_types
-from tests.conftest import TINY_LOOP
-from tests.conftest import TINY_TASKS
+from tests.conftest import train_tiny
 
-TINY = {"task": "recall", **TINY_TASKS["recall"],
-        **{k: v for k, v in TINY_LOOP.items() if k != "verbose"},
-        "steps": 2}
 # Valid extremes that train, too long for a test: `--steps 2147483647` runs
 # its steps one by one; `--num-layers 512` trained 2 steps in 781 s on two
 # shared cores (its build, save and load: tests/test_grid_identity.py).
@@ -118,19 +111,6 @@ def _params():
                            id=f"{name}-{end}")
 
 
-def _train(tmp_path, **settings):
-    values = {**TINY, "logdir": str(tmp_path / "run"), **settings}
-    argv = ["train", "--quiet"]
-    for name, value in values.items():
-        argv += [flag(name), repr(value) if isinstance(value, float)
-                 else str(value)]
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr):
-        status = main(argv)
-    lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
-    return status, lines
-
-
 def test_every_numeric_setting_is_covered():
     names = {name for name, _ in _numeric_settings()}
     numeric = {name for name, declared in DECLARED.items()
@@ -143,7 +123,7 @@ def test_every_numeric_setting_is_covered():
 @pytest.mark.parametrize("name,end,value,valid", list(_params()))
 def test_an_extreme_trains_or_stops_in_one_line(tmp_path, name, end, value,
                                                 valid):
-    status, lines = _train(tmp_path, **{name: value})
+    status, lines = train_tiny(tmp_path, **{name: value})
     run = tmp_path / "run"
     written = sorted(os.listdir(run)) if run.exists() else []
     if status == 0:
@@ -167,7 +147,7 @@ def test_an_extreme_trains_or_stops_in_one_line(tmp_path, name, end, value,
 
 @pytest.mark.parametrize("group", sorted(TOGETHER))
 def test_extremes_that_train_together(tmp_path, group):
-    status, lines = _train(tmp_path, **TOGETHER[group])
+    status, lines = train_tiny(tmp_path, **TOGETHER[group])
     assert (status, lines) == (0, [])
     with open(tmp_path / "run" / "config.json") as handle:
         config = json.load(handle)
@@ -184,7 +164,7 @@ def _finite_checkpoint(path):
 def test_a_run_that_diverges_keeps_its_last_good_checkpoint(tmp_path):
     # Warmup from 0: the first update is by a rate of 0, the second by 1e38,
     # which makes the weights inf; losses are logged only at the end.
-    status, lines = _train(tmp_path, steps=4, warmup_steps=2,
+    status, lines = train_tiny(tmp_path, steps=4, warmup_steps=2,
                            learning_rate=1e38, optimizer="sgd",
                            checkpoint_every=1, log_every=100, eval_every=100,
                            diagnostics_every=1)

@@ -13,9 +13,7 @@ from keras import ops
 
 from _backends import layer_gradients
 from keras_attention import ScaledDotProductAttention
-from pipelines.cli import main
-from tests.conftest import TINY_LOOP
-from tests.conftest import TINY_TASKS
+from tests.conftest import train_tiny
 
 KEY_DIM, HEADS, T, WIDTH = 16, 2, 6, 8
 
@@ -124,17 +122,8 @@ def test_the_cap_serializes():
     assert ScaledDotProductAttention.from_config(config).logit_soft_cap == 30.0
 
 
-def _tiny_argv(tmp_path):
-    argv = ["train", "--quiet", "--task", "recall", "--logdir",
-            str(tmp_path / "run")]
-    for name, value in {**TINY_TASKS["recall"], **TINY_LOOP, "steps": 2}.items():
-        if name != "verbose":
-            argv += ["--" + name.replace("_", "-"), str(value)]
-    return argv
-
-
-def test_train_takes_the_cap_to_every_layer(tmp_path, capsys):
-    assert main([*_tiny_argv(tmp_path), "--logit-soft-cap", "30"]) == 0
+def test_train_takes_the_cap_to_every_layer(tmp_path):
+    assert train_tiny(tmp_path, logit_soft_cap=30.0) == (0, [])
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["logit_soft_cap"] == 30.0
     model = keras.saving.load_model(tmp_path / "run" / "model.keras")
@@ -143,14 +132,13 @@ def test_train_takes_the_cap_to_every_layer(tmp_path, capsys):
     assert caps and set(caps) == {30.0}
 
 
-@pytest.mark.parametrize("flags", [
-    ["--logit-soft-cap", "0"], ["--logit-soft-cap", "-3"],
-    ["--logit-soft-cap", "inf"], ["--logit-soft-cap", "nan"],
-    ["--logit-soft-cap", "30", "--implementation", "memory_efficient"],
+# 0 and below, and the largest float32, are test_setting_extremes' cases.
+@pytest.mark.parametrize("settings", [
+    dict(logit_soft_cap=float("inf")), dict(logit_soft_cap=float("nan")),
+    dict(logit_soft_cap=30.0, implementation="memory_efficient"),
 ])
-def test_train_refuses_a_bad_cap_in_one_line(tmp_path, capsys, flags):
-    capsys.readouterr()
-    assert main([*_tiny_argv(tmp_path), *flags]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+def test_train_refuses_a_bad_cap_in_one_line(tmp_path, settings):
+    status, err = train_tiny(tmp_path, **settings)
+    assert status == 2
     assert len(err) == 1 and "--logit-soft-cap" in err[0], err
     assert not (tmp_path / "run").exists()
