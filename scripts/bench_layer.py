@@ -335,9 +335,8 @@ def format_table(rows, header_lines):
 def main(argv=None):
     args = parse_args(argv)
     _bench.setup_tensorflow(PROG, args.threads, ("tensorflow", "jax"))
-    # JAX compiles every step: its rows are "jit on".
-    jit_modes = JIT_MODES["on" if keras.backend.backend() == "jax"
-                          else args.jit]
+    on_jax = keras.backend.backend() == "jax"  # compiles every step: "on"
+    jit_modes = JIT_MODES["on" if on_jax else args.jit]
     seed_run(0)
 
     clock = _bench.CLOCKS[args.clock]
