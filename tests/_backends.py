@@ -59,7 +59,9 @@ def start_pytest_under(backend, modules, *, markers=None):
         # Two host devices: the data-parallel cases (a distributed fit in
         # test_callbacks.py) run over both; runs with the default strategy
         # still use one.
-        **({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+        **({"XLA_FLAGS": " ".join(filter(None, [
+            os.environ.get("XLA_FLAGS"),
+            "--xla_force_host_platform_device_count=2"]))}
            if backend == "jax" else {}),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])

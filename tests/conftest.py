@@ -11,6 +11,16 @@ from typing import NamedTuple
 # the commands these tests start inherit it (TensorFlow's C++ warnings would
 # then reach stderr beside the commands' own lines).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# XLA (JAX's, and TensorFlow's with jit_compile) compiles every new shape of
+# the tests' tiny programs, and LLVM's optimisation of that code is most of
+# the cost: without it the JAX child run took 125 CPU-s against 185. It
+# changes how fast the compiled code runs, not what it computes (XLA's own
+# passes, which fix the order of operations, run at every level). Set here,
+# before Keras is imported, it reaches every command the tests start.
+NO_LLVM_OPTIMISATION = "--xla_backend_optimization_level=0"
+if NO_LLVM_OPTIMISATION not in os.environ.get("XLA_FLAGS", "").split():
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+        os.environ.get("XLA_FLAGS"), NO_LLVM_OPTIMISATION]))
 
 import pytest  # noqa: E402
 
