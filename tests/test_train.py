@@ -18,7 +18,9 @@ import time
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from tensorboard.backend.event_processing.event_file_loader import (
+    EventFileLoader,
+)
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from keras_attention.tasks import make_task
@@ -195,6 +197,10 @@ def test_logdir_with_another_run_is_refused_untouched(tmp_path, capsys):
 def test_first_step_is_the_hand_computed_sgd_update(
     tmp_path, jit_compile, tiny_config
 ):
+    # Here only: the JAX and torch child runs collect this module too, and
+    # would otherwise import TensorFlow for nothing (5-7 CPU-s each).
+    import tensorflow as tf
+
     # With jit_compile="on" and one replica the update itself runs in XLA.
     config = tiny_config(
         seed=5, steps=1, optimizer="sgd", learning_rate=0.3, momentum=0.9,
@@ -240,9 +246,7 @@ def _hparams_logged(run_dir):
     for name in sorted(os.listdir(run_dir)):
         if not name.startswith("events.out.tfevents"):
             continue
-        for event in tf.compat.v1.train.summary_iterator(
-            os.path.join(run_dir, name)
-        ):
+        for event in EventFileLoader(os.path.join(run_dir, name)).Load():
             for value in event.summary.value:
                 if value.tag == "_hparams_/session_start_info":
                     data = plugin_data_pb2.HParamsPluginData.FromString(
@@ -411,6 +415,8 @@ def _logged_train_steps(run_dir):
 # default; this older case, killed at a random point, runs under -m slow.
 @pytest.mark.slow
 def test_sigkill_resume_matches_uninterrupted_run(tmp_path):
+    import tensorflow as tf  # reads the killed run's truncated event files
+
     killed_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "pipelines", *KILL_ARGV,
                "--logdir", str(killed_dir)]
