@@ -210,34 +210,7 @@ def pytest_collection_modifyitems(config, items):
 # hook reads the marks (tryfirst, above).
 
 
-# The groups that take longest go first (xdist deals them out in the order
-# collected, `--no-loadscope-reorder` in addopts; its default puts the
-# groups with the most tests first): a long group dealt last keeps one
-# worker busy while the other idles. Their seconds in a default run on 2
-# idle cores (2026-12-02); every other group follows in collection order.
-LONGEST_GROUPS = (
-    "test_backends",  # 166 s: it waits on the JAX and torch child runs
-    "test_reliability",  # 125
-    "test_scripts",  # 74
-    "test_engine",  # 56
-    "test_callbacks",  # 51
-    "test_dashboard",  # 42
-    "test_export",  # 41
-    "test_distributed",  # 40
-    "test_setting_extremes",  # 36
-    "test_export_onnx",  # 34
-    "compare",  # 32
-)
-
-
 def _group_by_module(items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
-
-    def rank(item):
-        group = item.get_closest_marker("xdist_group").args[0]
-        return (LONGEST_GROUPS.index(group) if group in LONGEST_GROUPS
-                else len(LONGEST_GROUPS))
-
-    items.sort(key=rank)  # stable: each group's own order is kept

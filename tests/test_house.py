@@ -319,17 +319,3 @@ def test_every_package_init_has_a_docstring():
     missing = packages_without_docstring(ROOT)
     assert not missing, _listing("package __init__.py without docstring",
                                  missing)
-
-
-def test_the_longest_groups_name_groups_that_exist():
-    """tests/conftest.py deals these out first; a renamed module would
-    silently drop out of the list."""
-    from conftest import LONGEST_GROUPS
-
-    tests = pathlib.Path(__file__).parent
-    named = {path.stem for path in tests.glob("test_*.py")}
-    for path in tests.glob("test_*.py"):
-        named.update(ast.literal_eval(node.args[0]) for node in ast.walk(
-            ast.parse(path.read_text())) if isinstance(node, ast.Call)
-            and getattr(node.func, "attr", None) == "xdist_group")
-    assert set(LONGEST_GROUPS) <= named, set(LONGEST_GROUPS) - named
