@@ -33,6 +33,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from pipelines import cli
+from pipelines.engine.presets import COMPARE_PRESETS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -303,7 +304,10 @@ def test_readme_first_screen():
     assert blocks[0].strip() == "pip install -e . && keras-attention compare"
     assert blocks[1].strip() == 'pip install -e ".[dev]" && python -m pytest'
     setup = text[text.index(blocks[0]):text.index(blocks[1])]
-    assert "about 3 minutes on 2 CPU cores" in setup
+    # The time the default preset gives (what `compare` says it expects).
+    time = COMPARE_PRESETS["default"].expected.split(" on ")[0]
+    assert time == "about 2 minutes"
+    assert f"{time} on 2 CPU cores" in setup
     assert "runs/compare/" in setup
 
 

@@ -155,9 +155,9 @@ COMPARE_PRESETS = {
         options={"variance_samples": 20000},
         # Six runs of 1000 steps at d_k 1024, 25-29 s each with XLA in one
         # process on 2 idle cores (181 s in all); two workers ("auto",
-        # `runner.resolve_jobs`) train three each, 147 s in all, with the
+        # `runner.resolve_jobs`) train three each, 112-169 s in all, with the
         # same numbers. Init probes, figures and the report take the rest.
-        jobs=0, expected="about 2 1/2 minutes on 2 idle CPU cores"),
+        jobs=0, expected="about 2 minutes on 2 idle CPU cores"),
     # Every arm trained at every d_k, five seeds: for a GPU.
     "full": Preset(
         task="recall", arms=tuple(ARMS), seeds=5,
