@@ -209,7 +209,7 @@ def _train_in_workers(worker_shares, pending, finished, on_step,
         # interpreter's exit waits for them.
         for pool in pools:
             pool.shutdown(wait=not clean, cancel_futures=True)
-    if fault is None and not broken:
+    if clean:
         shutil.rmtree(pending, ignore_errors=True)
     return fault
 
