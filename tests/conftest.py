@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import gc
 import io
 import json
 import os
@@ -23,9 +24,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every test compares within one setting or within a tolerance. Set here,
 # before Keras is imported, it reaches every command the tests start.
 NO_LLVM_OPTIMISATION = "--xla_backend_optimization_level=0"
-if NO_LLVM_OPTIMISATION not in os.environ.get("XLA_FLAGS", "").split():
-    os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-        os.environ.get("XLA_FLAGS"), NO_LLVM_OPTIMISATION]))
+# One thread per kernel in every process of the run. The default run keeps
+# two pytest workers, the JAX and torch child runs and the commands they
+# start (often five processes) on 2 cores, and each process's thread pools
+# were sized for both cores: their threads spin while waiting for a core
+# the other processes hold. Measured on the whole run (2 idle cores, the
+# same night, 2026-12-03): 950 and 980 CPU-s with it, 983 and 1,013
+# without, which is within the machine's drift; the torch child run
+# (OpenMP) took 19-20 CPU-s with it and 33.6 without. Every process the
+# tests start inherits the setting, the pipelines' `--jobs` workers too, so
+# the results a test compares come from one setting.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+              "TF_NUM_INTEROP_THREADS": "1"}
+for _name, _value in ONE_THREAD.items():
+    os.environ.setdefault(_name, _value)
+for _flag in (NO_LLVM_OPTIMISATION, "--xla_cpu_multi_thread_eigen=false"):
+    if _flag.split("=")[0] not in {
+            flag.split("=")[0]
+            for flag in os.environ.get("XLA_FLAGS", "").split()}:
+        os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+            os.environ.get("XLA_FLAGS"), _flag]))
 
 # The JAX commands the tests start (kill and resume, export, the runs
 # without TensorFlow, the GPU check's smoke, the JAX child run) compile the
@@ -199,6 +217,18 @@ def pytest_collection_modifyitems(config, items):
                     f"{sorted(missing)}")
     config.stash[MARKED_MODULES] = {
         backend: sorted(names) for backend, names in modules.items()}
+
+
+# ------------------------------------------------------ the collector
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """What is imported by the end of collection (TensorFlow, Keras, JAX,
+    the test modules) lives for the whole run: frozen, it is left out of
+    every later garbage collection, Keras's `clear_session()` between runs
+    included. Measured on six pipeline modules in one process: the full
+    (generation 2) collections took 5.9 CPU-s instead of 10.5, of about
+    140 CPU-s in all."""
+    gc.freeze()
 
 
 # ------------------------------------------------ two worker processes
