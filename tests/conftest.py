@@ -28,10 +28,10 @@ NO_LLVM_OPTIMISATION = "--xla_backend_optimization_level=0"
 # two pytest workers, the JAX and torch child runs and the commands they
 # start (often five processes) on 2 cores, and each process's thread pools
 # were sized for both cores: their threads spin while waiting for a core
-# the other processes hold. Measured on the whole run (2 idle cores, the
-# same night, 2026-12-03): 950 and 980 CPU-s with it, 983 and 1,013
-# without, which is within the machine's drift; the torch child run
-# (OpenMP) took 19-20 CPU-s with it and 33.6 without. Every process the
+# the other processes hold. Measured on the whole run, back to back on 2
+# idle cores (2026-12-03, with the collector's freeze below): 7 min 56 s
+# and 900 CPU-s without, 7 min 12 s and 814 CPU-s with; the torch child
+# run (OpenMP) took 19-20 CPU-s with it and 33.6 without. Every process the
 # tests start inherits the setting, the pipelines' `--jobs` workers too, so
 # the results a test compares come from one setting.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
