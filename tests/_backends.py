@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from keras import ops
 
+from _xla_flags import xla_flags
+
 BACKEND = keras.backend.backend()
 BACKENDS = ("tensorflow", "jax", "torch")
 # The backends a case can be marked to run under as well (see conftest.py).
@@ -59,13 +61,10 @@ def start_pytest_under(backend, modules, *, markers=None):
         # Two host devices: the data-parallel cases (a distributed fit in
         # test_callbacks.py) run over both; runs with the default strategy
         # still use one.
-        # The other XLA flags (tests/conftest.py's) are kept; a device
-        # count already there is replaced, as tests/_train_worker.py does.
-        **({"XLA_FLAGS": " ".join([
-            *(flag for flag in os.environ.get("XLA_FLAGS", "").split()
-              if not flag.startswith(
-                  "--xla_force_host_platform_device_count")),
-            "--xla_force_host_platform_device_count=2"])}
+        # The other XLA flags (tests/conftest.py's) are kept.
+        **({"XLA_FLAGS": xla_flags(
+            os.environ.get("XLA_FLAGS"),
+            "--xla_force_host_platform_device_count=2")}
            if backend == "jax" else {}),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])

@@ -29,6 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _xla_flags import xla_flags  # noqa: E402  (beside this file)
+
 
 def run_mirrored(argv_lists):
     import tensorflow as tf
@@ -61,11 +63,9 @@ def run_multiworker(weights_path, args):
 def run_jax(device_count, argv_lists):
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ["JAX_PLATFORMS"] = "cpu"
-    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-             if not flag.startswith("--xla_force_host_platform_device_count")]
-    if device_count > 1:
-        flags.append(f"--xla_force_host_platform_device_count={device_count}")
-    os.environ["XLA_FLAGS"] = " ".join(flags)
+    os.environ["XLA_FLAGS"] = xla_flags(
+        os.environ.get("XLA_FLAGS"),
+        f"--xla_force_host_platform_device_count={device_count}")
     from pipelines.cli import main
 
     import jax

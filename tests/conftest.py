@@ -10,6 +10,8 @@ import shutil
 import tempfile
 from typing import NamedTuple
 
+from _xla_flags import xla_flags
+
 # As the command line does before it imports Keras: importing Keras imports
 # JAX when it is installed, which sets TF_CPP_MIN_LOG_LEVEL=1 when unset, and
 # the commands these tests start inherit it (TensorFlow's C++ warnings would
@@ -38,12 +40,9 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
               "TF_NUM_INTEROP_THREADS": "1"}
 for _name, _value in ONE_THREAD.items():
     os.environ.setdefault(_name, _value)
-for _flag in (NO_LLVM_OPTIMISATION, "--xla_cpu_multi_thread_eigen=false"):
-    if _flag.split("=")[0] not in {
-            flag.split("=")[0]
-            for flag in os.environ.get("XLA_FLAGS", "").split()}:
-        os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-            os.environ.get("XLA_FLAGS"), _flag]))
+os.environ["XLA_FLAGS"] = xla_flags(
+    os.environ.get("XLA_FLAGS"), NO_LLVM_OPTIMISATION,
+    "--xla_cpu_multi_thread_eigen=false", keep=True)
 
 # The JAX commands the tests start (kill and resume, export, the runs
 # without TensorFlow, the GPU check's smoke, the JAX child run) compile the

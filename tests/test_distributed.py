@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+from _xla_flags import xla_flags
 from pipelines.run_dir import restore_model
 from pipelines.tensorboard import read_event_scalars
 from pipelines.train import train
@@ -291,3 +292,14 @@ def test_jax_data_parallel_matches_one_device(tmp_path):
     assert sorted(final) == sorted(want)
     for key, value in want.items():
         assert final[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_xla_flags_replace_or_keep_a_flag_of_the_same_name():
+    # The JAX processes get their device count this way (tests/_backends.py,
+    # tests/_train_worker.py) and conftest its defaults (`keep`).
+    count = "--xla_force_host_platform_device_count"
+    assert xla_flags(f"--a=5 {count}=5", f"{count}=2") == f"--a=5 {count}=2"
+    assert xla_flags("--a=5 --c=3", "--a=1", "--b=2", keep=True) == (
+        "--a=5 --c=3 --b=2")
+    assert xla_flags(None, "--a=1", keep=True) == "--a=1"
+    assert xla_flags("", f"{count}=1") == f"{count}=1"
