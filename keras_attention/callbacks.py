@@ -5,12 +5,19 @@ Floor 2: a `keras.callbacks.Callback` driving `keras_attention.dashboard`'s
 too) and writing with `keras_attention.events.SummaryWriter`, so it runs
 without TensorFlow, on every Keras backend.
 
+What a log costs the training thread: the compiled probe's dispatch (its
+statistics reduced on the device, `keras_attention.diagnostics.reductions`);
+the one transfer of its small outputs to the host, the host's arithmetic,
+the event encoding and the writes run on one writer thread, in order, and
+an error there is raised at the next hook or at the end of `fit`.
+
 Overhead at `update_freq=100`, measured by `scripts/bench_callback.py`
 (one run per backend) on its default model, the recall task's
 `build_sequence_model` at the training pipeline's defaults (1 layer, 1
 head, d_model 64, batch 64), `(x, y)` examples of 16, 1000 steps a fit,
 median of 3 interleaved fits each way, on a 2-core CPU shared with other
-jobs:
+jobs, before the statistics moved to the device and the writes to a
+thread:
 
 | backend    | fit with / without (CPU time) | in the callback's hooks |
 |------------|-------------------------------|-------------------------|
@@ -20,12 +27,13 @@ jobs:
 
 The ratio moves by several percent between identical runs on that
 machine; the time inside the hooks (wall time, after JAX's queued batches
-are done) is the callback's own work. A probe and its writing take about
+are done) is the callback's own work. A probe and its writing took about
 10 ms; the first `fit` also compiles the probe (TensorFlow 0.6 s, JAX
 about 3-4 s), kept for later fits of the same model.
 """
 
-import importlib.util
+import collections
+import concurrent.futures
 import logging
 import os
 
@@ -50,8 +58,7 @@ class AttentionMonitor(keras.callbacks.Callback):
     after the last batch it probes every attention layer of the model on
     `examples` (a forward pass with `training=False`, and a backward pass
     of the model's compiled loss when the examples have targets) and
-    writes, to `log_dir/train` as `keras.callbacks.TensorBoard` does (give
-    both the same `log_dir`):
+    writes, to `log_dir/train` as `keras.callbacks.TensorBoard` does:
 
     * `attention/<layer>/maps`: each head's map of the first
       `dashboard_examples` examples, for TensorBoard's ATTENTION tab;
@@ -61,13 +68,26 @@ class AttentionMonitor(keras.callbacks.Callback):
       (`attention/mean/...`) and, with targets, the norms of the loss's
       gradient at the scores and W_Q, W_K, W_V (`gradients/<layer>/...`);
     * `attention/diverged`: 0, or 1 at a step whose trained weights or
-      statistics were not finite (nothing else is written at that step; one warning
-      line is logged the first time).
+      statistics were not finite (nothing else is written at that step;
+      one warning line is logged the first time);
+    * with `log_metrics`, fit's loss and metrics at each epoch's end, as
+      Keras's `TensorBoard` callback writes them: no need for that
+      callback beside this one (it overrides `on_train_batch_end`, which
+      makes `fit` wait for every batch on JAX and torch).
 
-    Steps count the batches since `fit` began, as Keras's TensorBoard
-    callback counts them. Training is not changed: the probe reads the
-    weights (on JAX, after the state sync Keras's own callbacks use), draws
-    no random numbers and updates no variable, metric or optimizer state.
+    Steps count the batches since `fit` began, whatever the model's
+    `steps_per_execution`: with several batches a call, a log falls at the
+    first call that starts at or after each multiple of `update_freq`
+    (exactly on it when `update_freq` is a multiple of
+    `steps_per_execution`) and is written at the batch count of that
+    call's start. Training is not changed: the probe reads the weights (on
+    JAX, after the state sync Keras's own callbacks use), draws no random
+    numbers and updates no variable, metric or optimizer state.
+
+    A log costs the training loop one dispatch of the compiled probe; the
+    statistics are reduced on the device and fetched, encoded and written
+    on a writer thread, in order. An error there (a refused write) is
+    raised at the next batch's hook or at the end of `fit`.
 
     Args:
         log_dir: the run's directory (as for `keras.callbacks.TensorBoard`).
@@ -89,9 +109,8 @@ class AttentionMonitor(keras.callbacks.Callback):
             about 30 ms a map).
         log_metrics: also write `fit`'s loss and metrics at each epoch's end
             (`epoch_<name>` in `log_dir/train` and `log_dir/validation`, as
-            `keras.callbacks.TensorBoard` writes them). `None` (default): on
-            exactly when TensorFlow is not installed (Keras's callback needs
-            it).
+            `keras.callbacks.TensorBoard` writes them); `False` where
+            Keras's callback writes them to the same `log_dir`.
 
     Raises:
         ValueError: naming the argument: a bad `update_freq`,
@@ -105,15 +124,14 @@ class AttentionMonitor(keras.callbacks.Callback):
 
     ```python
     monitor = AttentionMonitor("logs", examples=(x_val[:8], y_val[:8]))
-    model.fit(x, y, epochs=3,
-              callbacks=[monitor, keras.callbacks.TensorBoard("logs")])
+    model.fit(x, y, epochs=3, callbacks=[monitor])
     # tensorboard --logdir logs
     ```
     """
 
     def __init__(self, log_dir, examples, update_freq=100, labels=None,
                  loss=None, dashboard_examples=DASHBOARD_EXAMPLES,
-                 max_images=0, log_metrics=None):
+                 max_images=0, log_metrics=True):
         super().__init__()
         self.log_dir = _check_log_dir(log_dir)
         self.update_freq = check_int(update_freq, "update_freq")
@@ -132,13 +150,12 @@ class AttentionMonitor(keras.callbacks.Callback):
             )
         self._labels = labels
         self._loss = loss
-        if log_metrics is None:
-            log_metrics = not _tensorflow_installed()
         self.log_metrics = bool(log_metrics)
         self._writers = {}
         self._logger = None
         self._probe = None
-        self._step = 0
+        self._queue = _WriteQueue()
+        self._epoch_start = self._step = 0
         self._logged = None
         self._warned = False
 
@@ -146,7 +163,8 @@ class AttentionMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Checks the model against the examples, then logs step 0."""
         self._close()
-        self._step, self._logged, self._warned = 0, None, False
+        self._epoch_start = self._step = 0
+        self._logged, self._warned = None, False
         self._logger = None  # Set once the checks pass: nothing before.
         logger = self._make_logger(self.model)
         diagnostics = _first_probe(logger)
@@ -158,34 +176,44 @@ class AttentionMonitor(keras.callbacks.Callback):
                 f"`log_dir` {self.log_dir!r} cannot hold event files: "
                 f"{error}") from error
         self._logger = logger
-        self._write(diagnostics, 0, _weights_finite(self.model))
+        self._logged = 0
+        self._write(diagnostics, 0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._step
 
     def on_train_batch_begin(self, batch, logs=None):
-        # Step `k` is logged here, before batch `k + 1` (its weights are
-        # those after batch `k`), not in `on_train_batch_end`: a callback
-        # that overrides that hook makes `fit` wait for every batch's logs
-        # (Keras then dispatches the batch hooks synchronously). Measured on
-        # the recall model on TensorFlow, 300 steps: fit 1.59x as long with
-        # the hook overridden, see scripts/bench_callback.py.
-        if (self._logger is not None and self._step > 0
-                and self._step % self.update_freq == 0
-                and self._logged != self._step):
+        # Step `k` is logged here, before the call that starts at batch
+        # `k` (its weights are those after `k` batches), not in
+        # `on_train_batch_end`: a callback that overrides that hook makes
+        # `fit` wait for every batch's logs on JAX and torch (Keras then
+        # dispatches the batch hooks synchronously).
+        self._queue.raise_failure()
+        self._step = self._epoch_start + batch
+        if (self._logger is not None
+                and self._step // self.update_freq
+                > self._logged // self.update_freq):
             self._log(self._step)
-        self._step += 1
 
     def on_epoch_end(self, epoch, logs=None):
+        # The batches of the epoch: Keras's count where it knows it, else
+        # one call's worth after the last call's start.
+        steps = (self.params or {}).get("steps")
+        self._step = self._epoch_start + (
+            steps if steps else self._step - self._epoch_start
+            + _steps_per_call(self.model))
         if self._logger is None or not self.log_metrics or not logs:
             return
-        for name, value in logs.items():
-            run = "validation" if name.startswith("val_") else "train"
-            self._writer(run).scalar(
-                f"epoch_{name[4:] if run == 'validation' else name}",
-                float(value), epoch)
+        values = {name: float(value) for name, value in logs.items()}
+        self._queue.submit(self._write_metrics, values, epoch)
 
     def on_train_end(self, logs=None):
-        if self._logger is not None and self._logged != self._step:
-            self._log(self._step)
-        self._close()
+        try:
+            if self._logger is not None and self._logged != self._step:
+                self._log(self._step)
+            self._queue.wait()
+        finally:
+            self._close()
 
     # ------------------------------------------------------------- helpers
     def _make_logger(self, model):
@@ -207,8 +235,10 @@ class AttentionMonitor(keras.callbacks.Callback):
             # Compiled once per model and loss, kept for its next `fit`: a
             # `tf.function` on TensorFlow, a `jax.jit` on JAX (the eager
             # probe cost about 3x more per call; compiling the JAX one took
-            # about 3 s).
-            self._probe = (key, diagnostics_probe(model, loss))
+            # about 3 s). Only the maps written leave the device.
+            self._probe = (key, diagnostics_probe(
+                model, loss,
+                maps=max(self._dashboard_examples, self._max_images)))
         return AttentionLogger(
             self._probe[1],
             self._x, self._y, self._sample_weight, labels=labels,
@@ -217,15 +247,18 @@ class AttentionMonitor(keras.callbacks.Callback):
         )
 
     def _log(self, step):
-        # `self.model` syncs JAX's training state into the variables, as
-        # Keras's own callbacks do before reading weights.
-        model = self.model
-        self._write(self._logger.probe(), step, _weights_finite(model))
-
-    def _write(self, diagnostics, step, weights_finite=True):
-        writer = self._writer("train")
+        # Reading `self.model` syncs JAX's training state into the
+        # variables, as Keras's own callbacks do before reading weights.
+        self.model  # noqa: B018
         self._logged = step
-        if not (weights_finite and is_finite(diagnostics)):
+        logger = self._logger
+        pending = logger.dispatch()
+        self._queue.submit(
+            lambda: self._write(logger.collect(pending), step))
+
+    def _write(self, diagnostics, step):
+        writer = self._writer("train")
+        if not is_finite(diagnostics):
             if not self._warned:
                 _LOG.warning(
                     "AttentionMonitor: the model diverged (non-finite "
@@ -237,6 +270,13 @@ class AttentionMonitor(keras.callbacks.Callback):
         self._logger.write(diagnostics, step, writer)
         writer.scalar("attention/diverged", 0.0, step)
 
+    def _write_metrics(self, values, epoch):
+        for name, value in values.items():
+            run = "validation" if name.startswith("val_") else "train"
+            self._writer(run).scalar(
+                f"epoch_{name[4:] if run == 'validation' else name}",
+                value, epoch)
+
     def _writer(self, run):
         if run not in self._writers:
             self._writers[run] = SummaryWriter(os.path.join(self.log_dir,
@@ -244,28 +284,45 @@ class AttentionMonitor(keras.callbacks.Callback):
         return self._writers[run]
 
     def _close(self):
+        self._queue.wait(raise_failure=False)
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
 
 
-def _weights_finite(model):
-    """Whether every float weight the model trains is finite: one reduction
-    per variable where it lives, one read of the flags (no copy of the
-    weights to the host)."""
-    flags = [keras.ops.all(keras.ops.isfinite(variable))
-             for variable in model.trainable_variables
-             if "float" in str(variable.dtype)]
-    return all(bool(keras.ops.convert_to_numpy(flag)) for flag in flags)
+class _WriteQueue:
+    """One writer thread running the submitted writes in order; the first
+    failure is raised by the next `raise_failure` or `wait`."""
+
+    def __init__(self):
+        self._executor = None
+        self._pending = collections.deque()
+
+    def submit(self, function, *args):
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="AttentionMonitor")
+        self._pending.append(self._executor.submit(function, *args))
+
+    def raise_failure(self):
+        """Raises the first failure among the writes done."""
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
+
+    def wait(self, raise_failure=True):
+        """Waits for every submitted write; raises the first failure."""
+        failure = None
+        while self._pending:
+            error = self._pending.popleft().exception()
+            failure = failure or error
+        if failure is not None and raise_failure:
+            raise failure
 
 
-def _tensorflow_installed():
-    """Whether TensorFlow can be imported (found, not imported: importing
-    it costs seconds and start-up lines on a JAX or torch run)."""
-    try:
-        return importlib.util.find_spec("tensorflow") is not None
-    except (ImportError, ValueError):  # A finder that refuses it.
-        return False
+def _steps_per_call(model):
+    """The batches one call of `model`'s train function runs."""
+    steps = getattr(model, "steps_per_execution", 1)
+    return int(steps) if isinstance(steps, (int, np.integer)) else 1
 
 
 def _check_log_dir(log_dir):

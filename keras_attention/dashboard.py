@@ -35,10 +35,9 @@ class AttentionLogger:
     """Probes a model on fixed examples and writes what TensorBoard shows.
 
     Args:
-        probe: `probe(inputs, targets, sample_weight)` returning the dict of
-            `keras_attention.diagnostics.probe_diagnostics` (e.g. a
-            `diagnostics_probe(model)`); it reads the model's current
-            weights at every call.
+        probe: a `keras_attention.diagnostics.diagnostics_probe(model)`;
+            it reads the model's current weights at every call. Its `maps`
+            should cover `max(dashboard_examples, max_images)` examples.
         inputs: the examples, as the model takes them.
         targets: their targets, or `None`: no loss, and no gradient
             statistics in what `probe` returns or what is written.
@@ -81,12 +80,27 @@ class AttentionLogger:
                                             "dashboard_examples")
         self.max_images = check_int(max_images, "max_images", minimum=0,
                                     expected="a non-negative integer")
+        self._prepared = None
 
     def probe(self):
         """The diagnostics of the model's current weights on the examples
         (without the gradient norms when there are no targets)."""
-        diagnostics = self._probe(self.inputs, self.targets,
-                                  self.sample_weight)
+        return self.collect(self.dispatch())
+
+    def dispatch(self):
+        """Starts a probe of the model's current weights: the compiled call
+        on the examples, which stay on the device from the first call on;
+        returns its outputs where they are, for `collect`."""
+        if self._prepared is None:
+            self._prepared = self._probe.prepare(
+                self.inputs, self.targets, self.sample_weight)
+        return self._probe.dispatch(self._prepared)
+
+    def collect(self, pending):
+        """The diagnostics of `dispatch`'s outputs: one transfer to the
+        host and arithmetic on a few numbers (another thread may run it).
+        """
+        diagnostics = self._probe.collect(pending)
         if self.targets is None:
             for stats in diagnostics["layers"].values():
                 for key in _GRADIENT_KEYS:
@@ -99,9 +113,11 @@ class AttentionLogger:
         """Raises `ValueError` where `write` would refuse `diagnostics` (the
         labels or cells against the maps), before anything is written."""
         if self.dashboard:
-            for name, record in self._dashboard_records(diagnostics):
+            for name, record, statistics in self._dashboard_records(
+                    diagnostics):
                 attention_summary(record, *self._labels_of(record),
-                                  target_cells=self.target_cells)
+                                  target_cells=self.target_cells,
+                                  statistics=statistics)
 
     def write(self, diagnostics, step, writer, images=True):
         """Writes `diagnostics` (from `probe`) at `step` to `writer`, a
@@ -109,20 +125,28 @@ class AttentionLogger:
         then `write_diagnostics`' summaries (with the heat maps when
         `images`)."""
         if self.dashboard:
-            for name, record in self._dashboard_records(diagnostics):
+            for name, record, statistics in self._dashboard_records(
+                    diagnostics):
                 write_attention_summary(name, record, step,
                                         *self._labels_of(record),
                                         target_cells=self.target_cells,
-                                        writer=writer)
+                                        writer=writer, statistics=statistics)
         write_diagnostics(diagnostics, step, writer,
                           max_images=self.max_images if images else 0,
                           query_labels=self.labels)
 
     def _dashboard_records(self, diagnostics):
+        """`(name, record, statistics)` of each layer's shown examples; the
+        statistics reduced by the probe, or `None` (computed from the
+        record) where it gave none."""
         examples = self.dashboard_examples
         for name, stats in diagnostics["layers"].items():
-            yield name, {key: stats[key][:examples] for key in _RECORD_KEYS
-                         if stats.get(key) is not None}
+            record = {key: stats[key][:examples] for key in _RECORD_KEYS
+                      if stats.get(key) is not None}
+            per_example = stats.get("per_example")
+            yield name, record, None if per_example is None else {
+                key: values[:examples]
+                for key, values in per_example.items()}
 
     def _labels_of(self, record):
         """`(query_labels, key_labels)` of a dashboard record."""
@@ -148,11 +172,18 @@ class AttentionLogger:
 
 
 def is_finite(diagnostics):
-    """Whether every statistic and map of `diagnostics` is finite (a
-    diverged model's are not)."""
+    """Whether the weights the probe read (`"weights_finite"`), every
+    statistic and every map of `diagnostics` are finite (a diverged
+    model's are not). A few numbers and the shown maps: cheap on the
+    host."""
+    if not diagnostics.get("weights_finite", True):
+        return False
     values = [diagnostics["loss"], *diagnostics["summary"].values()]
     for stats in diagnostics["layers"].values():
-        values.extend(value for key, value in stats.items()
-                      if key != "mask" and value is not None)
+        for key, value in stats.items():
+            if key == "per_example":
+                values.extend(value.values())
+            elif key != "mask" and value is not None:
+                values.append(value)
     return all(np.all(np.isfinite(np.asarray(value, np.float64)))
                for value in values)

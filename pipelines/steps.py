@@ -164,7 +164,8 @@ def diagnostics_record(diagnostics):
         return {
             key: to_jsonable(np.asarray(value, np.float64))
             for key, value in values.items()
-            if key not in ("weights", "scores", "mask", "entropy_rows")
+            if key not in ("weights", "scores", "mask", "entropy_rows",
+                           "per_example")
         }
 
     return {

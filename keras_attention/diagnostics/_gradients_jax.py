@@ -18,34 +18,52 @@ from keras_attention.recording import projection_kernels
 
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
-    """`(logits, loss, records, gradients)` of one pass, run op by op.
+    """`(logits, loss, records, gradients, values)` of one pass, run op by
+    op.
 
     Args and Returns: as for `_gradients_tensorflow.forward_backward`.
     """
     _build(model, tokens)
+    trainable, non_trainable = _values(model)
     return _passes(
-        model, layers, forward, *_values(model), tokens, targets,
+        model, layers, forward, trainable, non_trainable, tokens, targets,
         sample_weight,
-    )
+    ) + (trainable,)
 
 
-def compiled(model, layers, forward):
-    """`forward_backward` for `model` with its passes in one `jax.jit`.
+def compiled(model, layers, forward, reduce):
+    """The passes of `model` and `reduce` of them in one `jax.jit`.
 
     The variable values are arguments of the jitted function, read at every
     call, so a probe follows the model's weights; it is traced again only
-    for a new input shape. The records leave it as outputs (not as tracers
-    kept in a closure).
+    for a new input shape. The records leave the passes as values (not as
+    tracers kept in a closure), and only `reduce`'s small outputs leave the
+    jitted function.
     """
     import jax
 
-    passes = jax.jit(functools.partial(_passes, model, layers, forward))
+    run = jax.jit(functools.partial(_reduced, model, layers, forward,
+                                    reduce))
 
     def probe(tokens, targets, sample_weight):
         _build(model, tokens)
-        return passes(*_values(model), tokens, targets, sample_weight)
+        return run(*_values(model), tokens, targets, sample_weight)
 
     return probe
+
+
+def _reduced(model, layers, forward, reduce, trainable, non_trainable,
+             tokens, targets, sample_weight):
+    passes = _passes(model, layers, forward, trainable, non_trainable,
+                     tokens, targets, sample_weight)
+    return reduce(*passes, trainable, targets, sample_weight)
+
+
+def fetch(outputs):
+    """`outputs` as numpy arrays: one `jax.device_get` for all of them."""
+    import jax
+
+    return jax.device_get(outputs)
 
 
 def _build(model, tokens):

@@ -9,11 +9,14 @@ functions: this module is imported on every backend (see `probe`).
 
 import functools
 
+import keras
+
 from keras_attention.recording import projection_kernels
 
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
-    """`(logits, loss, records, gradients)` of one pass, eagerly or traced.
+    """`(logits, loss, records, gradients, values)` of one pass, eagerly or
+    traced.
 
     Args:
         model: the probed model.
@@ -31,7 +34,8 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
         with respect to its W_Q, W_K, W_V and scores (zeros where the loss
         does not depend on one, and for a kernel that is not trainable;
         `None` for a kernel the layer does not have, see
-        `recording.projection_kernels`).
+        `recording.projection_kernels`), and the values of the model's
+        trainable variables.
     """
     import tensorflow as tf
 
@@ -62,7 +66,8 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
             else _zero_if_frozen(source, next(grads))
             for source in group
         ]
-    return logits, loss, records, gradients
+    values = [variable.value for variable in model.trainable_variables]
+    return logits, loss, records, gradients, values
 
 
 def _zero_if_frozen(source, grad):
@@ -73,8 +78,8 @@ def _zero_if_frozen(source, grad):
     return grad
 
 
-def compiled(model, layers, forward):
-    """`forward_backward` for `model` as one `tf.function`.
+def compiled(model, layers, forward, reduce):
+    """The passes of `model` and `reduce` of them as one `tf.function`.
 
     Traced on the first call and again only for a new input shape
     (`reduce_retracing` relaxes the shapes after the second). A partial of
@@ -85,7 +90,19 @@ def compiled(model, layers, forward):
     import tensorflow as tf
 
     return tf.function(
-        functools.partial(forward_backward, model, layers, forward),
+        functools.partial(_reduced, model, layers, forward, reduce),
         autograph=False,
         reduce_retracing=True,
     )
+
+
+def _reduced(model, layers, forward, reduce, tokens, targets, sample_weight):
+    passes = forward_backward(model, layers, forward, tokens, targets,
+                              sample_weight)
+    return reduce(*passes, targets, sample_weight)
+
+
+def fetch(outputs):
+    """`outputs` (eager tensors, nested) as numpy arrays."""
+    return keras.tree.map_structure(
+        lambda tensor: None if tensor is None else tensor.numpy(), outputs)

@@ -3,9 +3,11 @@
 torch records the graph as the forward pass runs, so the gradient with
 respect to each layer's recorded scores (a tensor made inside the pass) is
 asked of autograd directly; no score offsets are needed. Everything is
-returned detached, as numpy arrays. There is no compiled form: torch runs
-eagerly (the compiled probe is this same pass). torch is imported inside
-the function: this module is imported on every backend (see `probe`).
+returned detached, where it was computed (the GPU, when the model is on
+one); `fetch` brings the reduced outputs to the host. There is no compiled
+form: torch runs eagerly (the compiled probe is this same pass, with the
+reduction under `torch.no_grad`). torch is imported inside the functions:
+this module is imported on every backend (see `probe`).
 """
 
 import functools
@@ -16,7 +18,7 @@ from keras_attention.recording import projection_kernels
 
 
 def forward_backward(model, layers, forward, tokens, targets, sample_weight):
-    """`(logits, loss, records, gradients)` of one pass, as numpy arrays.
+    """`(logits, loss, records, gradients, values)` of one pass, detached.
 
     Args and Returns: as for `_gradients_tensorflow.forward_backward`.
     """
@@ -46,25 +48,45 @@ def forward_backward(model, layers, forward, tokens, targets, sample_weight):
         if wanted and loss.requires_grad else []
     )
     by_id = {id(source): grad for source, grad in zip(wanted, found)}
-    detach = keras.ops.convert_to_numpy
     gradients = {
         name: [
             None if source is None
-            else detach(torch.zeros_like(source))
+            else torch.zeros_like(source).detach()
             if by_id.get(id(source)) is None
-            else detach(by_id[id(source)])
+            else by_id[id(source)].detach()
             for source in group
         ]
         for name, group in sources.items()
     }
     records = {
-        name: {key: None if value is None else detach(value)
+        name: {key: None if value is None else value.detach()
                for key, value in record.items()}
         for name, record in records.items()
     }
-    return detach(logits), detach(loss), records, gradients
+    values = [variable.value.detach()
+              for variable in model.trainable_variables]
+    logits = keras.tree.map_structure(lambda output: output.detach(),
+                                      logits)
+    return logits, loss.detach(), records, gradients, values
 
 
-def compiled(model, layers, forward):
-    """`forward_backward` for `model`, run eagerly at every call."""
-    return functools.partial(forward_backward, model, layers, forward)
+def compiled(model, layers, forward, reduce):
+    """The passes of `model` and `reduce` of them, run eagerly at every
+    call."""
+    return functools.partial(_reduced, model, layers, forward, reduce)
+
+
+def _reduced(model, layers, forward, reduce, tokens, targets, sample_weight):
+    import torch
+
+    passes = forward_backward(model, layers, forward, tokens, targets,
+                              sample_weight)
+    with torch.no_grad():
+        return reduce(*passes, targets, sample_weight)
+
+
+def fetch(outputs):
+    """`outputs` (tensors, nested) as numpy arrays on the host."""
+    return keras.tree.map_structure(
+        lambda tensor: None if tensor is None
+        else tensor.detach().cpu().numpy(), outputs)

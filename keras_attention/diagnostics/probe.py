@@ -3,7 +3,9 @@
 
 Two entry points compute the same result: `probe_diagnostics` runs eagerly
 once; `diagnostics_probe` compiles the passes for a model and returns a
-function to call at every probe.
+function to call at every probe. Both reduce the statistics where the
+passes ran (`reductions.reduce_passes`, `keras.ops`) and fetch the small
+result to the host in one transfer (the backend module's `fetch`).
 
 The forward pass and the loss are written once here, with `keras.ops`; the
 backward pass is one small private module per Keras backend, chosen from
@@ -33,18 +35,20 @@ from keras_attention.diagnostics import _gradients_tensorflow
 from keras_attention.diagnostics import _gradients_torch
 from keras_attention.diagnostics.statistics import SUMMARY_KEYS
 from keras_attention.diagnostics.statistics import SUMMARY_MAX_KEYS
-from keras_attention.diagnostics.statistics import global_norm
-from keras_attention.diagnostics.statistics import layer_statistics
+from keras_attention.diagnostics.reductions import host_statistics
+from keras_attention.diagnostics.reductions import reduce_passes
 from keras_attention.recording import attention_layers
 from keras_attention.recording import record_attention
 from keras_attention.recording import supported_names
+from keras_attention.validation import check_int
 
 _GRADIENT_KEYS = ("grad_norm_query", "grad_norm_key", "grad_norm_value",
                   "grad_norm_scores")
 
 # The backward pass of each Keras backend: a module with
 # `forward_backward(model, layers, forward, tokens, targets, sample_weight)`
-# and `compiled(model, layers, forward)`.
+# (eager), `compiled(model, layers, forward, reduce)` (the passes and
+# `reduce` in one compiled function) and `fetch(outputs)` (to numpy).
 _GRADIENTS = {
     "tensorflow": _gradients_tensorflow,
     "jax": _gradients_jax,
@@ -77,7 +81,8 @@ def default_loss(targets, logits, sample_weight):
     )
 
 
-def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
+def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None,
+                      maps=None):
     """Attention statistics and gradient norms on one probe batch, eagerly.
 
     The one-off, eager form: one forward pass (with `training=False`) and one
@@ -104,6 +109,8 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         loss_fn: optional `loss_fn(targets, logits, sample_weight)` returning
             a scalar tensor; defaults to `default_loss` (sparse categorical
             cross-entropy from logits averaged over the weighted positions).
+        maps: how many examples' maps to return (the first); `None` for
+            all.
 
     Returns:
         A dict with `"loss"` and `"accuracy"` (weighted; `None` unless the
@@ -120,15 +127,20 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
         `keras_attention.recording.projection_kernels`: Keras's
         `Attention` and `AdditiveAttention` project nothing); and
         `"weights"`, `"scores"` (scaled, before the mask) `(B, H, T, S)`
-        and the boolean `"mask"` or `None`), in the model's order of
+        and the boolean `"mask"` or `None`) of the first `maps`
+        examples, with `"per_example"`, their statistics of the
+        dashboard's summary (`reductions.EXAMPLE_STATISTICS`, `(maps, H)`
+        each)), in the model's order of
         layers, and `"summary"` with the mean of each statistic of
         `SUMMARY_KEYS` over layers and heads (the maximum for
         `SUMMARY_MAX_KEYS`), over the layers that have it (absent where
-        none has).
+        none has), and `"weights_finite"`, whether every float weight the
+        model trains is finite.
 
     Raises:
         ValueError: if `model` has no attention layer, none of them was
-            called, or `sample_weight` is not shaped like `targets`.
+            called, `sample_weight` is not shaped like `targets`, or
+            `maps` is not a positive integer or `None`.
 
     Example:
 
@@ -138,43 +150,52 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None):
     ```
     """
     layers = _check_model(model)
+    maps = _check_maps(maps)
     targets, sample_weight = _probe_targets(targets, sample_weight,
                                             loss_fn is None)
     loss_fn = default_loss if loss_fn is None else loss_fn
-    passes = _backend().forward_backward(
+    backend = _backend()
+    passes = backend.forward_backward(
         model, layers, _forward_pass(model, layers, loss_fn),
         tokens, targets, sample_weight,
     )
-    return _diagnostics_from(layers, targets, sample_weight, *passes)
+    reduced = reduce_passes(*passes, targets, sample_weight, maps=maps)
+    return _diagnostics_from(layers, backend.fetch(reduced))
 
 
-def diagnostics_probe(model, loss_fn=None):
+def diagnostics_probe(model, loss_fn=None, maps=None):
     """A compiled probe of `model`: `probe_diagnostics` for repeated calls.
 
-    The compiled form: it returns a function, and the forward and backward
-    passes inside it run as one compiled function, traced on the first call
-    (and again only for a new input shape): a `tf.function` on TensorFlow,
-    a `jax.jit` on JAX; torch runs the eager passes. A training run that
-    probes every few hundred steps spends several times less on each call
-    than with the eager `probe_diagnostics`: on TensorFlow 125 -> 15 ms per
-    call on recall (measured by scripts/bench_train.py, in training, the
-    copy of the weights included). The default recall model alone (probe
-    batch 16 x 17, median of 20 calls, 2-core CPU): JAX 106 -> 7 ms,
-    TensorFlow 49 -> 7 ms, after a first call that traces and compiles
-    (JAX 2.9 s, TensorFlow 0.6 s).
+    The compiled form: it returns a `DiagnosticsProbe`, whose passes and
+    statistics run as one compiled function, traced on the first call (and
+    again only for a new input shape): a `tf.function` on TensorFlow, a
+    `jax.jit` on JAX; torch runs the eager passes. The statistics are
+    reduced inside it (`keras_attention.diagnostics.reductions`) and leave
+    it in one transfer to the host; nothing goes back to the device. A
+    training run that probes every few hundred steps spends several times
+    less on each call than with the eager `probe_diagnostics`: on
+    TensorFlow 125 -> 15 ms per call on recall (measured by
+    scripts/bench_train.py, in training, the copy of the weights
+    included). The default recall model alone (probe batch 16 x 17, median
+    of 20 calls, 2-core CPU): JAX 106 -> 7 ms, TensorFlow 49 -> 7 ms, after
+    a first call that traces and compiles (JAX 2.9 s, TensorFlow 0.6 s).
 
     Args:
         model: as for `probe_diagnostics`; it is probed with its current
             weights at every call.
         loss_fn: as for `probe_diagnostics`.
+        maps: how many of the examples' maps (weights, scores, mask) the
+            probe returns, the first ones; `None` for all. The statistics
+            cover every example whatever `maps` is.
 
     Returns:
-        A function `probe(tokens, targets, sample_weight)` returning what
-        `probe_diagnostics(model, tokens, targets, sample_weight, loss_fn)`
-        returns.
+        A `DiagnosticsProbe`: `probe(tokens, targets, sample_weight)`
+        returns what `probe_diagnostics(model, tokens, targets,
+        sample_weight, loss_fn, maps)` returns.
 
     Raises:
-        ValueError: if `model` has no attention layer.
+        ValueError: if `model` has no attention layer, or `maps` is not a
+            positive integer or `None`.
 
     Example:
 
@@ -183,24 +204,55 @@ def diagnostics_probe(model, loss_fn=None):
     write_diagnostics(probe(tokens, targets, weights), step, writer)
     ```
     """
-    layers = _check_model(model)
-    default = loss_fn is None
-    loss_fn = default_loss if default else loss_fn
-    forward_backward = _backend().compiled(
-        model, layers, _forward_pass(model, layers, loss_fn)
-    )
+    return DiagnosticsProbe(model, loss_fn, maps)
 
-    def probe(tokens, targets, sample_weight):
-        targets, sample_weight = _probe_targets(targets, sample_weight,
-                                                default)
-        return _diagnostics_from(
-            layers,
-            targets,
-            sample_weight,
-            *forward_backward(tokens, targets, sample_weight),
+
+class DiagnosticsProbe:
+    """The compiled probe `diagnostics_probe` returns.
+
+    Calling it probes the model and returns the diagnostics. A caller that
+    keeps the training thread free splits the call in three:
+    `prepare(tokens, targets, sample_weight)` once (the examples on the
+    device), `dispatch(prepared)` at each probe (the compiled call, which
+    returns at once where the backend dispatches asynchronously: JAX, and
+    TensorFlow or torch on a GPU), and `collect(pending)`, the one
+    device-to-host transfer and the host's arithmetic on a few numbers,
+    which another thread may run.
+    """
+
+    def __init__(self, model, loss_fn=None, maps=None):
+        self._layers = _check_model(model)
+        self.maps = _check_maps(maps)
+        self._default_loss = loss_fn is None
+        backend = _backend()
+        self._fetch = backend.fetch
+        self._run = backend.compiled(
+            model, self._layers,
+            _forward_pass(model, self._layers,
+                          default_loss if loss_fn is None else loss_fn),
+            functools.partial(reduce_passes, maps=self.maps),
         )
 
-    return probe
+    def prepare(self, tokens, targets, sample_weight):
+        """The examples as tensors of the backend, on its device."""
+        targets, sample_weight = _probe_targets(targets, sample_weight,
+                                                self._default_loss)
+        tokens = keras.tree.map_structure(keras.ops.convert_to_tensor,
+                                          tokens)
+        return tokens, targets, sample_weight
+
+    def dispatch(self, prepared):
+        """Runs the compiled probe on `prepare`'s examples; returns its
+        outputs where they are (on the device)."""
+        return self._run(*prepared)
+
+    def collect(self, pending):
+        """The diagnostics dict of `dispatch`'s outputs."""
+        return _diagnostics_from(self._layers, self._fetch(pending))
+
+    def __call__(self, tokens, targets, sample_weight):
+        return self.collect(self.dispatch(
+            self.prepare(tokens, targets, sample_weight)))
 
 
 def _check_model(model):
@@ -279,27 +331,21 @@ def _forward(model, layers, loss_fn, call, tokens, targets, sample_weight,
     return logits, loss, records
 
 
-def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
-                      gradients):
-    to_numpy = keras.ops.convert_to_numpy
-    accuracy = _accuracy(logits, targets, sample_weight)
+def _check_maps(maps):
+    return check_int(maps, "maps", allow_none=True)
 
+
+def _diagnostics_from(layers, fetched):
+    """The diagnostics dict of the fetched `reductions.reduce_passes`."""
     layer_stats = {}
     # In the model's order: `jax.jit` hands dicts back with sorted keys
     # ("attention_10" before "attention_2").
-    for name in (name for name in layers if name in records):
-        grad_query, grad_key, grad_value, grad_scores = gradients[name]
-        stats = layer_statistics(records[name])
-        # Kept for the Attention dashboard's summary, which needs the
-        # scores too (no second forward pass for it).
-        stats["scores"] = np.asarray(to_numpy(records[name]["scores"]),
-                                     np.float32)
-        mask = records[name].get("mask")
-        stats["mask"] = None if mask is None else np.asarray(to_numpy(mask))
+    for name in (name for name in layers if name in fetched["layers"]):
+        sums = fetched["layers"][name]
+        stats = host_statistics(sums)
         # `None` for a kernel the layer does not have (Attention).
-        for key, grad in zip(_GRADIENT_KEYS, (grad_query, grad_key,
-                                              grad_value, grad_scores)):
-            stats[key] = None if grad is None else global_norm(grad)
+        for key, norm in zip(_GRADIENT_KEYS, sums["gradient_norms"]):
+            stats[key] = None if norm is None else float(norm)
         layer_stats[name] = stats
 
     summary = {}
@@ -311,33 +357,14 @@ def _diagnostics_from(layers, targets, sample_weight, logits, loss, records,
         if values:
             reduce = np.max if key in SUMMARY_MAX_KEYS else np.mean
             summary[key] = float(reduce(values))
+    accuracy = fetched["accuracy"]
+    if accuracy is not None:
+        correct, weight = np.asarray(accuracy, np.float64)
+        accuracy = float(correct) / max(float(weight), 1e-12)
     return {
-        "loss": float(to_numpy(loss)),
+        "loss": float(fetched["loss"]),
         "accuracy": accuracy,
         "layers": layer_stats,
         "summary": summary,
+        "weights_finite": bool(fetched["weights_finite"]),
     }
-
-
-def _accuracy(logits, targets, sample_weight):
-    """The weighted accuracy of the logits' argmax against integer class
-    ids of their shape without the last axis; `None` where the targets are
-    not such ids (no targets, one-hot or regression targets, several
-    outputs)."""
-    if targets is None or keras.tree.is_nested(logits):
-        return None
-    to_numpy = keras.ops.convert_to_numpy
-    logits, targets = to_numpy(logits), np.asarray(to_numpy(targets))
-    if (targets.shape != logits.shape[:-1]
-            or not np.issubdtype(targets.dtype, np.integer)):
-        return None
-    weight = np.ones(targets.shape)
-    if sample_weight is not None:
-        weight = np.asarray(to_numpy(sample_weight), np.float64)
-        # Keras's per-example weights `(B,)` weigh every position of `(B, T)`.
-        weight = np.broadcast_to(
-            weight.reshape(weight.shape
-                           + (1,) * (targets.ndim - weight.ndim)),
-            targets.shape)
-    correct = np.argmax(logits, axis=-1) == targets
-    return float(np.sum(correct * weight)) / max(float(np.sum(weight)), 1e-12)

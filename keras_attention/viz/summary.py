@@ -94,7 +94,7 @@ def head_statistics(record):
 
 
 def attention_summary(record, query_labels, key_labels=None,
-                      target_cells=None, dtype="float16"):
+                      target_cells=None, dtype="float16", statistics=None):
     """The two blobs of an attention summary.
 
     Args:
@@ -108,6 +108,10 @@ def attention_summary(record, query_labels, key_labels=None,
         target_cells: optional `E` lists of `(row, column)` cells, e.g.
             `task.target_cells(tokens)`.
         dtype: `"float16"` or `"uint8"` (weights quantised to `k / 255`).
+        statistics: optional `{name: (E, H) array}` of the names of
+            `STATISTICS`, already computed (the probe reduces them on the
+            device: `probe_diagnostics`' `"per_example"`); by default
+            `head_statistics(record)`.
 
     Returns:
         `(meta, data)`: the JSON-able dict and the weights' bytes.
@@ -127,7 +131,8 @@ def attention_summary(record, query_labels, key_labels=None,
     key_labels = _check_labels(key_labels, "key_labels", num_examples,
                                num_keys)
     cells = _check_cells(target_cells, num_examples, num_queries, num_keys)
-    stats = head_statistics(record)
+    stats = (head_statistics(record) if statistics is None
+             else _check_statistics(statistics, weights.shape[:2]))
     meta = {
         "version": FORMAT_VERSION,
         "shape": list(weights.shape),
@@ -143,13 +148,13 @@ def attention_summary(record, query_labels, key_labels=None,
 
 def write_attention_summary(layer, record, step, query_labels,
                             key_labels=None, target_cells=None,
-                            dtype="float16", *, writer):
+                            dtype="float16", *, writer, statistics=None):
     """Writes the attention summary of `layer` at `step`.
 
     Args:
         layer: the layer's name (the dashboard's layer menu).
-        record, query_labels, key_labels, target_cells, dtype: as for
-            `attention_summary`.
+        record, query_labels, key_labels, target_cells, dtype,
+            statistics: as for `attention_summary`.
         step: the training step.
         writer: the `keras_attention.events.SummaryWriter` to write to (the
             summary is in the file when this returns).
@@ -172,7 +177,7 @@ def write_attention_summary(layer, record, step, query_labels,
     """
     check_writer(writer)
     meta, data = attention_summary(record, query_labels, key_labels,
-                                   target_cells, dtype)
+                                   target_cells, dtype, statistics)
     writer.tensor(summary_tag(layer), [json.dumps(meta).encode(), data],
                   int(step), summary_metadata(layer))
 
@@ -190,6 +195,25 @@ def _check_weights(weights):
         raise ValueError("`record['weights']` must be finite; it holds NaN "
                          "or inf.")
     return weights
+
+
+def _check_statistics(statistics, shape):
+    """`{name: float64 (E, H)}` of the given statistics, in `STATISTICS`'
+    order (`score_std` may be absent)."""
+    checked = {}
+    for name in STATISTICS:
+        if name not in statistics:
+            if name == "score_std":
+                continue
+            raise ValueError(f"`statistics` must hold {name!r}.")
+        values = np.asarray(statistics[name], np.float64)
+        if values.shape != tuple(shape):
+            raise ValueError(
+                f"`statistics[{name!r}]` must have the shape "
+                f"(examples, heads) {tuple(shape)}; received "
+                f"{values.shape}.")
+        checked[name] = values
+    return checked
 
 
 def _check_labels(labels, name, num_examples, length):
