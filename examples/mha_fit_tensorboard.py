@@ -1,4 +1,4 @@
-"""Your own Keras model with `MultiHeadAttention`, its attention in TensorBoard.
+"""Your own model with `MultiHeadAttention`, its attention in TensorBoard.
 
 A one-layer model learns to reverse a sequence of digits (position i of the
 output is digit T-1-i of the input), trained with `model.fit` and

@@ -32,7 +32,7 @@ MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
 
 # ------------------------------------------------------------- projections
 def flat_matmul(inputs, kernel):
-    """`inputs (B, T, K)` times `kernel (K, N)` -> `(B, T, N)` as one 2-D matmul.
+    """`inputs (B, T, K)` times `kernel (K, N)` -> `(B, T, N)`, one 2-D matmul.
 
     Flattening B and T first matters: a rank-3 by rank-2 matmul is a
     broadcast batched matmul on TensorFlow, whose kernel gradient is B
@@ -83,9 +83,8 @@ def project_together(inputs, query_kernel, key_kernel, value_kernel):
     kernels = (query_kernel, key_kernel, value_kernel)
     kernel = ops.concatenate([heads_flat(k) for k in kernels], axis=-1)
     widths = [k.shape[1] * k.shape[2] for k in kernels]
-    projected = ops.split(
-        flat_matmul(inputs, kernel), [widths[0], widths[0] + widths[1]], axis=-1
-    )
+    projected = ops.split(flat_matmul(inputs, kernel),
+                          [widths[0], widths[0] + widths[1]], axis=-1)
     return tuple(
         split_heads(x, k.shape[1], k.shape[2])
         for x, k in zip(projected, kernels)

@@ -104,7 +104,8 @@ def export_model(model, path, format="saved_model", overwrite=False):
     check_choice(format, "format", FORMATS)
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ValueError(f"`path` must be a non-empty path; received {path!r}.")
+        raise ValueError(
+            f"`path` must be a non-empty path; received {path!r}.")
     path = os.path.abspath(os.fspath(path))
     check_token_model(model)
     check_packages(format)

@@ -63,12 +63,12 @@ def _remove(path):
 
 @contextlib.contextmanager
 def atomic_path(path, directory=False, replace=None):
-    """Yields a temporary path beside `path`; renames it onto `path` at the end.
+    """Yields a temporary path beside `path`, renamed onto `path` at the end.
 
     The temporary name starts with `path`'s name and keeps its suffix
-    (`model.keras` is staged as `.model.keras.tmp-<random>.keras`), because some
-    writers choose the format by it. It lies in the same directory, so the
-    final `os.replace` is atomic.
+    (`model.keras` is staged as `.model.keras.tmp-<random>.keras`), because
+    some writers choose the format by it. It lies in the same directory, so
+    the final `os.replace` is atomic.
 
     Args:
         path: the file (or, with `directory=True`, the directory) to write.

@@ -331,8 +331,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
         elif self.scale == "ssmax":  # every path, with the queries scaled
             q, scale = utils.ssmax_queries(q, k, masks, self.ssmax_scale), 1.0
         masked = masks.causal or any(
-            mask is not None for mask in (masks.query, masks.key, masks.attention)
-        )
+            mask is not None
+            for mask in (masks.query, masks.key, masks.attention))
         path = self._choose_path(q, k, need_weights, dropout_active, masked)
         if path == "memory_efficient":
             return memory_efficient_attention(
@@ -341,7 +341,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
                 causal=masks.causal), None
         mask = masks.combined(ops.shape(q)[1], ops.shape(k)[1])
         if path == "explicit_weights":
-            return self._explicit_attention(q, k, v, mask, scale, dropout_active)
+            return self._explicit_attention(q, k, v, mask, scale,
+                                            dropout_active)
         if path == "fused":
             return utils.fused_attention(q, k, v, mask, scale), None
         return attention_ops.attend_output(q, k, v, mask, scale), None
@@ -405,7 +406,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return attended, weights
 
     # -------------------------------------------------------- shapes, config
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+    def compute_output_shape(self, query_shape, value_shape=None,
+                             key_shape=None):
         width = (self.output_dim if self.output_dim is not None
                  else self.num_heads * self.value_dim)
         return (query_shape[0], query_shape[1], width)

@@ -1,9 +1,9 @@
 """Functional core of scaled dot-product attention, written with `keras.ops`.
 
 These functions work on already-projected, per-head tensors laid out like
-`keras.ops.dot_product_attention`: query `(B, T, H, d_k)`, key `(B, S, H, d_k)`,
-value `(B, S, H, d_v)`. Masks are booleans broadcastable to `(B, H, T, S)`,
-`True` meaning "this query may attend to this key".
+`keras.ops.dot_product_attention`: query `(B, T, H, d_k)`, key
+`(B, S, H, d_k)`, value `(B, S, H, d_v)`. Masks are booleans broadcastable
+to `(B, H, T, S)`, `True` meaning "this query may attend to this key".
 
 Two rules hold on every path:
 
@@ -45,12 +45,16 @@ def combine_masks(*masks):
         if mask is None:
             continue
         mask = ops.cast(mask, "bool")
-        combined = mask if combined is None else ops.logical_and(combined, mask)
+        combined = (mask if combined is None
+                    else ops.logical_and(combined, mask))
     return combined
 
 
 def causal_mask(query_length, key_length):
-    """Lower-triangular `(T, S)` mask aligned top-left: row i sees keys j <= i."""
+    """Lower-triangular `(T, S)` mask aligned top-left.
+
+    Row i sees keys j <= i.
+    """
     rows = ops.expand_dims(ops.arange(query_length, dtype="int32"), -1)
     cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
     return ops.greater_equal(rows, cols)
@@ -58,7 +62,9 @@ def causal_mask(query_length, key_length):
 
 def softmax_dtype(dtype):
     """float32, or float64 when the inputs are float64 (never narrower)."""
-    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+    if keras.backend.standardize_dtype(dtype) == "float64":
+        return "float64"
+    return "float32"
 
 
 def _is_float16(tensor):
@@ -155,7 +161,7 @@ def weighted_values(weights, value):
 
 
 def masked_softmax(scores, mask=None):
-    """Float32 softmax over the last axis that gives zero weight to masked keys.
+    """Float32 softmax over the last axis, zero weight on masked keys.
 
     Rows whose keys are all masked come out as all zeros.
     """
@@ -268,7 +274,8 @@ def attend(query, key, value, mask, scale, dropout_rate=0.0, training=False,
     return output, weights, scores
 
 
-# Backends whose `keras.ops.custom_gradient` `attend_output` has been tested on.
+# Backends whose `keras.ops.custom_gradient` `attend_output` has been tested
+# on.
 _CUSTOM_GRADIENT_BACKENDS = ("tensorflow", "jax")
 
 

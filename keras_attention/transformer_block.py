@@ -177,7 +177,8 @@ class TransformerBlock(keras.layers.Layer):
         if len(input_shape) != 3 or input_shape[-1] is None:
             raise ValueError(
                 "The input of TransformerBlock must be (batch, length, "
-                f"features) with known features; received {tuple(input_shape)}."
+                "features) with known features; received "
+                f"{tuple(input_shape)}."
             )
         width = input_shape[-1]
         pre = self.norm == "pre"
@@ -188,7 +189,8 @@ class TransformerBlock(keras.layers.Layer):
         # This order gives exactly the weights of the toy models from before
         # the block was a layer, so published comparisons stay reproducible.
         if pre:
-            self.attention_norm = self._layer_norm("attention_norm", input_shape)
+            self.attention_norm = self._layer_norm("attention_norm",
+                                                   input_shape)
         self.attention = ScaledDotProductAttention(
             key_dim=self.key_dim,
             num_heads=self.num_heads,
@@ -203,7 +205,8 @@ class TransformerBlock(keras.layers.Layer):
         self.attention.build(input_shape)
         self.attention_dropout = self._dropout("attention_dropout")
         if not pre:
-            self.attention_norm = self._layer_norm("attention_norm", input_shape)
+            self.attention_norm = self._layer_norm("attention_norm",
+                                                   input_shape)
         self._redraw_query_key()
         hidden = 4 * width if self.intermediate_dim is None else (
             self.intermediate_dim
@@ -255,7 +258,8 @@ class TransformerBlock(keras.layers.Layer):
         for kernel in (self.attention.query_kernel, self.attention.key_kernel):
             values = (
                 kernel.value if self.query_key_initializer is None
-                else self.query_key_initializer(kernel.shape, dtype=kernel.dtype)
+                else self.query_key_initializer(kernel.shape,
+                                                dtype=kernel.dtype)
             )
             kernel.assign(values * self.query_key_gain)
 

@@ -133,7 +133,8 @@ def check_text(value, name, allow_none=False):
 def check_bool(value, name):
     """Returns `value` as a Python bool, or raises `ValueError`."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"`{name}` must be True or False; received {value!r}.")
+        raise ValueError(
+            f"`{name}` must be True or False; received {value!r}.")
     return bool(value)
 
 

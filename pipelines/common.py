@@ -29,9 +29,12 @@ def usage_error(error, flags):
         name, value = match[1] or match[2], match[3]
         if name not in flags:
             return match[0]
-        return flags[name] + ("" if value in (None, "True") else " " + value.strip('"'))
+        if value in (None, "True"):
+            return flags[name]
+        return flags[name] + " " + value.strip('"')
 
-    message = re.sub(r'`(\w+)`|\b(\w+)=(True|"\w*")', named, " ".join(str(error).split()))
+    message = re.sub(r'`(\w+)`|\b(\w+)=(True|"\w*")', named,
+                     " ".join(str(error).split()))
     return UsageError(message.rstrip("."))
 
 
@@ -72,7 +75,8 @@ def writing(what=None):
         if error.errno not in WRITE_ERRNOS:
             raise
         reason = error.strerror or errno.errorcode.get(error.errno, "refused")
-        raise WriteFailure(what or error.filename or "a file", reason) from None
+        raise WriteFailure(what or error.filename or "a file",
+                           reason) from None
 
 
 def one_line(error, limit=200):
@@ -135,7 +139,8 @@ def check_writable_directory(path, argument="--logdir"):
     path = os.path.abspath(path)
     if os.path.exists(path):
         if not os.path.isdir(path):
-            raise UsageError(f"{argument} {path} exists and is not a directory")
+            raise UsageError(
+                f"{argument} {path} exists and is not a directory")
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError(f"{argument} {path} is not writable")
         return
@@ -143,35 +148,40 @@ def check_writable_directory(path, argument="--logdir"):
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{argument} {path} cannot be created: {parent} is not writable")
+        raise UsageError(f"{argument} {path} cannot be created: {parent} is "
+                         "not writable")
 
 
-# Files that say a directory is something other than a run, which `train` must not write into
-# (`compare.COMPARISON_JSON`, `sweep.SWEEP_JSON`, `engine.identity.GRID_FILE`, a SavedModel's
-# graph; test_config checks the names agree).
-NOT_A_RUN = {"grid.json": "a grid's root", "comparison.json": "a comparison's root",
-             "sweep.json": "a sweep's root", "saved_model.pb": "an exported SavedModel"}
+# Files that say a directory is something other than a run, which `train`
+# must not write into (`compare.COMPARISON_JSON`, `sweep.SWEEP_JSON`,
+# `engine.identity.GRID_FILE`, a SavedModel's graph; test_config checks the
+# names agree).
+NOT_A_RUN = {"grid.json": "a grid's root",
+             "comparison.json": "a comparison's root",
+             "sweep.json": "a sweep's root",
+             "saved_model.pb": "an exported SavedModel"}
 
 
 def check_run_outputs(logdir, export):
-    """Raises `UsageError` unless `logdir` can be a run's directory (writable, not a grid's or
-    an export's) and `export` (or `None`) a path outside it: checked before a run starts, as
-    the export would otherwise fail, or replace the run's own files, once training is done."""
+    """Raises `UsageError` unless `logdir` can be a run's directory
+    (writable, not a grid's or an export's) and `export` (or `None`) a path
+    outside it: checked before a run starts, as the export would otherwise
+    fail, or replace the run's own files, once training is done."""
     if not isinstance(logdir, str) or not logdir:
         raise UsageError(f"--logdir must be a directory; got {logdir!r}")
     check_writable_directory(logdir, "--logdir")
     for marker, what in NOT_A_RUN.items():
         if os.path.exists(os.path.join(logdir, marker)):
-            raise UsageError(f"--logdir {logdir} is {what} ({marker}); train into a directory "
-                             "of its own")
+            raise UsageError(f"--logdir {logdir} is {what} ({marker}); "
+                             "train into a directory of its own")
     if export is None:
         return
     if not isinstance(export, str) or not export:
         raise UsageError(f"--export must be a path; got {export!r}")
     run_dir = os.path.abspath(logdir)
     if os.path.commonpath([run_dir, os.path.abspath(export)]) == run_dir:
-        raise UsageError(f"--export {export} is inside the run directory --logdir {logdir}; "
-                         "export to a path outside it")
+        raise UsageError(f"--export {export} is inside the run directory "
+                         f"--logdir {logdir}; export to a path outside it")
 
 
 def parse_int_list(text, flag):
@@ -197,7 +207,8 @@ def parse_count(text, flag, minimum):
     except (TypeError, ValueError):
         value = minimum - 1
     if value < minimum:
-        raise UsageError(f"{flag} must be an integer >= {minimum}; got {text!r}")
+        raise UsageError(
+            f"{flag} must be an integer >= {minimum}; got {text!r}")
     return value
 
 

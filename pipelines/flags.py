@@ -146,7 +146,8 @@ def load_config_file(path):
     except UnicodeDecodeError:
         raise UsageError(f"--config {path}: not UTF-8 text") from None
     except json.JSONDecodeError as error:
-        raise UsageError(f"--config {path}: not valid JSON ({error})") from None
+        raise UsageError(
+            f"--config {path}: not valid JSON ({error})") from None
     except RecursionError:
         raise UsageError(f"--config {path}: nested too deeply") from None
     check_names(values, f"--config {path}")

@@ -1,4 +1,4 @@
-"""The variance of q.k, measured against theory: why scores are scaled by 1/sqrt(d_k).
+"""The variance of q.k against theory: why scores are scaled by 1/sqrt(d_k).
 
     keras-attention variance --key-dims 16,64,256,1024 --samples 100000
 
@@ -86,7 +86,8 @@ def variance_table(key_dims=DEFAULT_KEY_DIMS, num_samples=DEFAULT_SAMPLES,
     if (isinstance(num_samples, bool) or not isinstance(num_samples, int)
             or num_samples < 2):
         raise ValueError(
-            f"`num_samples` must be an integer >= 2; received {num_samples!r}.")
+            "`num_samples` must be an integer >= 2; received "
+            f"{num_samples!r}.")
     rows = []
     for key_dim in key_dims:
         unscaled, scaled = sample_scores(key_dim, num_samples, seed)

@@ -342,7 +342,8 @@ def main(argv=None):
     clock = _bench.CLOCKS[args.clock]
     rows = []
     for seq_len in args.seq_lens:
-        defaults = SHORT_DEFAULTS if seq_len <= LONG_SEQUENCE else LONG_DEFAULTS
+        defaults = (SHORT_DEFAULTS if seq_len <= LONG_SEQUENCE
+                    else LONG_DEFAULTS)
         repeats = args.repeats or defaults["repeats"]
         warmup = args.warmup or defaults["warmup"]
         x = keras.ops.convert_to_tensor(np.random.default_rng(

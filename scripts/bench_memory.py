@@ -17,8 +17,9 @@ Every case runs in its own subprocess so that its peak resident set size
 A `baseline` subprocess only imports TensorFlow and the library and builds
 the inputs and weights; the table also shows each case's peak RSS over that
 baseline. Each step function is traced and run once (warm-up) before it is
-timed; the table reports the median of the timed steps, as wall-clock seconds and as process
-CPU seconds (all threads; steadier than wall time on a shared machine).
+timed; the table reports the median of the timed steps, as wall-clock
+seconds and as process CPU seconds (all threads; steadier than wall time on
+a shared machine).
 
 Before measuring, a `check` subprocess verifies at a short length that the
 three cases agree on the output and on the kernel gradients.
@@ -127,7 +128,8 @@ def _explicit_attend(q, k, v, scale):
 
 
 def build_case(case, kernels, args):
-    """Returns `(forward, variables)` of one case; kernels in Q, K, V, O order."""
+    """Returns `(forward, variables)` of one case; kernels in Q, K, V, O
+    order."""
     if case == "mha":
         layer = keras.layers.MultiHeadAttention(
             num_heads=HEADS, key_dim=KEY_DIM, use_bias=False
@@ -205,7 +207,8 @@ def check_cases_agree(x, kernels, args):
     errors = {}
     for case in CASES:
         errors[case] = max(
-            float(np.max(np.abs(got - want)) / max(1e-12, np.max(np.abs(want))))
+            float(np.max(np.abs(got - want))
+                  / max(1e-12, np.max(np.abs(want))))
             for got, want in zip(results[case], results["explicit"])
         )
     return errors
@@ -243,7 +246,8 @@ def _measure(case, seq_len, args):
 
 def _format_row(row, baseline_mib):
     if "error" in row:
-        return f"{row['seq_len']:>8}  {row['case']:<17} failed ({row['error']})"
+        return (f"{row['seq_len']:>8}  {row['case']:<17} "
+                f"failed ({row['error']})")
     over = row["peak_rss_mib"] - baseline_mib
     return (
         f"{row['seq_len']:>8}  {row['case']:<17} {row['peak_rss_mib']:>10.0f}"
@@ -271,7 +275,8 @@ def main(argv=None):
 
     print(
         f"batch {BATCH}, heads {HEADS}, key_dim {KEY_DIM}, width {WIDTH}; "
-        f"memory_efficient chunks {args.query_chunk_size}x{args.key_chunk_size}"
+        "memory_efficient chunks "
+        f"{args.query_chunk_size}x{args.key_chunk_size}"
     )
     header = (
         f"{'seq_len':>8}  {'case':<17} {'peak MiB':>10} {'over base':>10}"
@@ -315,7 +320,8 @@ def _summary(seq_len, rows, baseline_mib):
     if "explicit" in ok:
         wall = ours["step_s"] / ok["explicit"]["step_s"]
         cpu = ours["step_cpu_s"] / ok["explicit"]["step_cpu_s"]
-        parts.append(f"mem-eff/explicit time {wall:.2f} (wall), {cpu:.2f} (cpu)")
+        parts.append(
+            f"mem-eff/explicit time {wall:.2f} (wall), {cpu:.2f} (cpu)")
     return "  ".join(parts)
 
 

@@ -169,7 +169,8 @@ def _validate(query, key, value, scale, masks):
         "key dims (last axis)", [("query", q_shape[3]), ("key", k_shape[3])]
     )
     check_equal(
-        "key/value lengths (axis 1)", [("key", k_shape[1]), ("value", v_shape[1])]
+        "key/value lengths (axis 1)",
+        [("key", k_shape[1]), ("value", v_shape[1])],
     )
 
     batch, length, heads, keys = q_shape[0], q_shape[1], q_shape[2], k_shape[1]

@@ -42,10 +42,12 @@ def merge_heads_chunks(x, length):
     return x[:, :length]
 
 
-def _causal_key_chunks(query_chunk_index, query_chunk, key_chunk, num_key_chunks):
+def _causal_key_chunks(query_chunk_index, query_chunk, key_chunk,
+                       num_key_chunks):
     """Number of leading key chunks query chunk `i` can see when causal."""
     last_row_end = (query_chunk_index + 1) * query_chunk
-    return ops.minimum(num_key_chunks, (last_row_end + key_chunk - 1) // key_chunk)
+    return ops.minimum(num_key_chunks,
+                       (last_row_end + key_chunk - 1) // key_chunk)
 
 
 class _ChunkMasks:
@@ -68,8 +70,10 @@ class _ChunkMasks:
         )
         self.key_valid = None
         if key_mask is not None:
-            # (B, S) -> (nk, B, 1, 1, kc); padding with False hides padded keys.
-            chunks = _split_chunks(ops.cast(key_mask, "bool"), key_chunk, False)
+            # (B, S) -> (nk, B, 1, 1, kc); padding with False hides padded
+            # keys.
+            chunks = _split_chunks(ops.cast(key_mask, "bool"), key_chunk,
+                                   False)
             self.key_valid = chunks[:, :, None, None, :]
         elif keys_padded:
             positions = ops.arange(num_key_chunks * key_chunk)
@@ -77,7 +81,8 @@ class _ChunkMasks:
             self.key_valid = ops.reshape(valid, (-1, 1, 1, 1, key_chunk))
         self.query_valid = None
         if query_mask is not None:
-            chunks = _split_chunks(ops.cast(query_mask, "bool"), query_chunk, False)
+            chunks = _split_chunks(ops.cast(query_mask, "bool"), query_chunk,
+                                   False)
             self.query_valid = chunks[:, :, None, :, None]
         self.attention_mask = None
         if attention_mask is not None:
@@ -88,7 +93,8 @@ class _ChunkMasks:
             self.mask_full_cols = mask_shape[3] != 1
             pad_rows = pad_cols = 0
             if self.mask_full_rows:
-                pad_rows = _num_chunks(length, query_chunk) * query_chunk - length
+                pad_rows = (_num_chunks(length, query_chunk) * query_chunk
+                            - length)
             if self.mask_full_cols:
                 pad_cols = num_key_chunks * key_chunk - num_keys
             if not (
@@ -206,7 +212,8 @@ class Problem:
     `memory_efficient_attention` takes them.
     """
 
-    def __init__(self, length, num_keys, masks, query_chunk_size, key_chunk_size):
+    def __init__(self, length, num_keys, masks, query_chunk_size,
+                 key_chunk_size):
         self.length = length
         self.num_keys = num_keys
         # Never pad short sequences up to a large chunk.
@@ -233,7 +240,8 @@ class Problem:
             self.split_keys(value),
         )
 
-    def gradients(self, d_query_chunks, d_key_chunks, d_value_chunks, query, scale):
+    def gradients(self, d_query_chunks, d_key_chunks, d_value_chunks, query,
+                  scale):
         """`(d_query, d_key, d_value, d_scale)` from the blocks' sums.
 
         The chunks of `d_query` are w.r.t. the pre-scaled query

@@ -13,7 +13,8 @@ from keras_attention.memory_efficient._blocks import merge_heads_chunks
 from keras_attention.memory_efficient._blocks import online_softmax_step
 
 
-def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size):
+def attention(query, key, value, scale, masks, query_chunk_size,
+              key_chunk_size):
     """`memory_efficient_attention` on JAX arrays (checked already)."""
     import jax
     import jax.numpy as jnp
@@ -82,7 +83,8 @@ def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size)
         return output, (query, key, value, scale, mask_arrays) + saved
 
     def attend_backward(residuals, d_output):
-        query, key, value, scale, mask_arrays, output_chunks, logsumexp = residuals
+        (query, key, value, scale, mask_arrays, output_chunks,
+         logsumexp) = residuals
         problem = make_problem(mask_arrays)
         query_chunks, key_chunks, value_chunks = problem.split_inputs(
             query, key, value, scale
@@ -110,7 +112,8 @@ def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size)
 
                 def skip(d_query):
                     zeros_key = jnp.zeros_like(key_chunks[j])
-                    return d_query, (zeros_key, jnp.zeros_like(value_chunks[j]))
+                    zeros_value = jnp.zeros_like(value_chunks[j])
+                    return d_query, (zeros_key, zeros_value)
 
                 # Blocks above the causal diagonal contribute nothing.
                 return jax.lax.cond(j < num_visible, block, skip, d_query)

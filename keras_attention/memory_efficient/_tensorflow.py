@@ -14,7 +14,8 @@ from keras_attention.memory_efficient._blocks import merge_heads_chunks
 from keras_attention.memory_efficient._blocks import online_softmax_step
 
 
-def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size):
+def attention(query, key, value, scale, masks, query_chunk_size,
+              key_chunk_size):
     """`memory_efficient_attention` on TensorFlow tensors (checked already)."""
     import tensorflow as tf
 
@@ -81,7 +82,8 @@ def _forward(problem, query_chunks, key_chunks, value_chunks):
 
     def outer(i, output_array, logsumexp_array):
         output, logsumexp = one_query_chunk(i)
-        return i + 1, output_array.write(i, output), logsumexp_array.write(i, logsumexp)
+        return (i + 1, output_array.write(i, output),
+                logsumexp_array.write(i, logsumexp))
 
     _, output_array, logsumexp_array = tf.while_loop(
         lambda i, *_: i < problem.num_query_chunks,

@@ -20,7 +20,8 @@ from keras_attention.memory_efficient._blocks import online_softmax_step
 _FUNCTION = None
 
 
-def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size):
+def attention(query, key, value, scale, masks, query_chunk_size,
+              key_chunk_size):
     """`memory_efficient_attention` on torch tensors (checked already)."""
     import torch
 
@@ -34,7 +35,8 @@ def attention(query, key, value, scale, masks, query_chunk_size, key_chunk_size)
         # No keys behaves like fully masked rows.
         zeros = query.new_zeros(query.shape[:3] + value.shape[3:])
         return zeros.to(input_dtype)
-    problem = Problem(length, num_keys, masks, query_chunk_size, key_chunk_size)
+    problem = Problem(length, num_keys, masks, query_chunk_size,
+                      key_chunk_size)
     output = _function().apply(query, key, value, scale, problem)
     return output.to(input_dtype)
 

@@ -79,9 +79,10 @@ def make_task(name, **options):
     Args:
         name: One of `TASK_NAMES`.
         **options: Constructor options of that task (see `RecallTask`,
-            `ReverseTask`, `SortTask`, `CopyTask`, `TextTask`). An option the task does not
-            take raises `ValueError`, except when its value is None (unset),
-            so callers can pass one set of options for every task.
+            `ReverseTask`, `SortTask`, `CopyTask`, `TextTask`). An option
+            the task does not take raises `ValueError`, except when its
+            value is None (unset), so callers can pass one set of options
+            for every task.
 
     Returns:
         A `SequenceTask`.

@@ -74,7 +74,8 @@ class SequenceTask(abc.ABC):
 
         Example:
 
-        >>> make_task("copy", seq_len=5, vocab_size=8).token_labels([3, 4, 1, 2, 0])
+        >>> task = make_task("copy", seq_len=5, vocab_size=8)
+        >>> task.token_labels([3, 4, 1, 2, 0])
         ['3', '4', '<sep>', '<blank>', '<pad>']
         """
         array = np.asarray(ids)
@@ -111,7 +112,8 @@ class SequenceTask(abc.ABC):
 
         Example:
 
-        >>> make_task("reverse", seq_len=4, vocab_size=8).target_cells([5, 6, 7, 0])
+        >>> task = make_task("reverse", seq_len=4, vocab_size=8)
+        >>> task.target_cells([5, 6, 7, 0])
         [(0, 2), (1, 1), (2, 0)]
         """
         array = np.asarray(tokens)

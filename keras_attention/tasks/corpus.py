@@ -160,8 +160,8 @@ def text_paths(text_files):
                         path = os.path.join(directory, name)
                         relative = os.path.relpath(path, entry)
                         top = os.path.basename(os.path.abspath(entry))
-                        inside.append((f"{top}/{relative}".replace(os.sep, "/"),
-                                       path))
+                        label = f"{top}/{relative}".replace(os.sep, "/")
+                        inside.append((label, path))
             if not inside:
                 raise ValueError(
                     f"`text_files` {entry}: a directory without a .txt file."
@@ -281,8 +281,8 @@ def encode_texts(texts, vocabulary):
     codes, lengths = _code_points(texts)
     table = np.full(_CODE_POINTS, UNKNOWN_ID, np.int32)
     table[[ord(char) for char in vocabulary]] = np.arange(
-        FIRST_CHARACTER_ID, FIRST_CHARACTER_ID + len(vocabulary), dtype=np.int32
-    )
+        FIRST_CHARACTER_ID, FIRST_CHARACTER_ID + len(vocabulary),
+        dtype=np.int32)
     return np.insert(table[codes], np.cumsum(lengths), END_OF_FILE_ID)
 
 

@@ -160,7 +160,8 @@ class TextTask(SequenceTask):
                 ids[:last] == self._ids.get("\n", -1)) + 1
             if len(line_starts):
                 following = np.searchsorted(line_starts, starts)
-                found = line_starts[np.minimum(following, len(line_starts) - 1)]
+                found = line_starts[
+                    np.minimum(following, len(line_starts) - 1)]
                 near = ((following < len(line_starts))
                         & (found - starts < self.seq_len))
                 starts = np.where(near, found, starts)

@@ -36,45 +36,64 @@ _STYLE = """
 .ka-attention{font:12px system-ui,sans-serif;color:#222}
 .ka-attention .ka-title{font-weight:600;margin:4px 0}
 .ka-attention .ka-toggles label{margin-right:10px;cursor:pointer}
-.ka-attention .ka-heads{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}
+.ka-attention .ka-heads{display:flex;flex-wrap:wrap;gap:18px;
+  align-items:flex-start}
 .ka-attention figure{margin:0}
 .ka-attention figcaption{text-align:center;margin-bottom:2px}
 .ka-attention .ka-map{position:relative}
-.ka-attention canvas{position:absolute;image-rendering:pixelated;cursor:crosshair}
-.ka-attention .ka-q,.ka-attention .ka-k{position:absolute;font-size:11px;line-height:12px;white-space:nowrap}
+.ka-attention canvas{position:absolute;image-rendering:pixelated;
+  cursor:crosshair}
+.ka-attention .ka-q,.ka-attention .ka-k{position:absolute;font-size:11px;
+  line-height:12px;white-space:nowrap}
 .ka-attention .ka-q{text-align:right;transform:translateY(-6px)}
-.ka-attention .ka-k{transform-origin:0 0;transform:rotate(90deg) translateY(-6px)}
+.ka-attention .ka-k{transform-origin:0 0;
+  transform:rotate(90deg) translateY(-6px)}
 .ka-attention .ka-bar{display:flex;align-items:center;gap:6px;margin-top:6px}
 .ka-attention .ka-gradient{width:200px;height:12px;border:1px solid #999}
-.ka-attention .ka-tooltip{position:fixed;display:none;pointer-events:none;background:#fff;border:1px solid #666;padding:2px 5px;z-index:10;white-space:nowrap}
+.ka-attention .ka-tooltip{position:fixed;display:none;pointer-events:none;
+  background:#fff;border:1px solid #666;padding:2px 5px;z-index:10;
+  white-space:nowrap}
 """
 
 # Reads the data block, draws each head's canvas, wires hover and toggles.
 _SCRIPT = """
 (function(){
-var root=document.currentScript?document.currentScript.parentElement:document.getElementById(%(id)s);
+var root=document.currentScript?document.currentScript.parentElement
+  :document.getElementById(%(id)s);
 var data=JSON.parse(root.querySelector("script.ka-data").textContent);
 var tip=root.querySelector(".ka-tooltip");
-function colour(w){var u=Math.min(1,Math.max(0,w/data.vmax));return data.lut[Math.round(u*255)];}
+function colour(w){
+  var u=Math.min(1,Math.max(0,w/data.vmax));
+  return data.lut[Math.round(u*255)];
+}
 root.querySelectorAll("canvas").forEach(function(canvas){
-  var index=+canvas.dataset.index,map=data.maps[index],ctx=canvas.getContext("2d");
+  var index=+canvas.dataset.index,map=data.maps[index];
+  var ctx=canvas.getContext("2d");
   var rows=map.length,cols=map[0].length;
   canvas.width=cols;canvas.height=rows;
-  for(var i=0;i<rows;i++){for(var j=0;j<cols;j++){ctx.fillStyle=colour(map[i][j]);ctx.fillRect(j,i,1,1);}}
+  for(var i=0;i<rows;i++){
+    for(var j=0;j<cols;j++){
+      ctx.fillStyle=colour(map[i][j]);ctx.fillRect(j,i,1,1);
+    }
+  }
   canvas.addEventListener("mousemove",function(e){
     var r=canvas.getBoundingClientRect();
     var j=Math.min(cols-1,Math.floor((e.clientX-r.left)/r.width*cols));
     var i=Math.min(rows-1,Math.floor((e.clientY-r.top)/r.height*rows));
     if(i<0||j<0){return;}
-    tip.textContent="query "+data.query[i]+" \\u00b7 key "+data.key[j]+" \\u00b7 weight "+map[i][j].toFixed(%(digits)d);
+    tip.textContent="query "+data.query[i]+" \\u00b7 key "+data.key[j]
+      +" \\u00b7 weight "+map[i][j].toFixed(%(digits)d);
     tip.dataset.head=data.heads[index];tip.dataset.query=i;tip.dataset.key=j;
-    tip.style.left=(e.clientX+14)+"px";tip.style.top=(e.clientY+14)+"px";tip.style.display="block";
+    tip.style.left=(e.clientX+14)+"px";tip.style.top=(e.clientY+14)+"px";
+    tip.style.display="block";
   });
   canvas.addEventListener("mouseleave",function(){tip.style.display="none";});
 });
 root.querySelectorAll(".ka-toggles input").forEach(function(box){
   box.addEventListener("change",function(){
-    root.querySelector("figure[data-head='"+box.dataset.head+"']").style.display=box.checked?"":"none";
+    var figure=root.querySelector(
+      "figure[data-head='"+box.dataset.head+"']");
+    figure.style.display=box.checked?"":"none";
   });
 });
 })();

@@ -46,9 +46,12 @@ def backend_from_argv(argv):
     """The value of `--backend` in `argv` when it names one of `BACKENDS`,
     else `None` (a bad value is left to the argument parser)."""
     for index, arg in enumerate(argv):
-        value = (argv[index + 1] if arg == "--backend" and index + 1 < len(argv)
-                 else arg.split("=", 1)[1] if arg.startswith("--backend=")
-                 else None)
+        if arg == "--backend" and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith("--backend="):
+            value = arg.split("=", 1)[1]
+        else:
+            value = None
         if value is not None:
             return value if value in BACKENDS else None
     return None

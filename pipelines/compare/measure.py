@@ -42,8 +42,9 @@ def pool_attention(weights, labels, max_positions=MAX_HEATMAP_POSITIONS):
     weights = np.asarray(weights)
     length = weights.shape[-1]
     if weights.shape[-2] != length or len(labels) != length:
-        raise ValueError("weights must be (heads, T, T) self-attention with "
-                         f"T labels; got {weights.shape}, {len(labels)} labels")
+        raise ValueError(
+            "weights must be (heads, T, T) self-attention with T labels; "
+            f"got {weights.shape}, {len(labels)} labels")
     block = -(-length // max_positions)
     if block == 1:
         return weights, list(labels)

@@ -97,8 +97,8 @@ def _header(plan, results, wall_time_s, trained_now):
         "",
         f"Arms: {', '.join(plan.arms)}. Key dims measured at init: "
         f"{', '.join(map(str, plan.axis('key_dim')))}; trained: "
-        f"{', '.join(map(str, plan.trained_axis('key_dim'))) or 'none'}. Seeds: "
-        f"{', '.join(map(str, plan.seeds))}.",
+        f"{', '.join(map(str, plan.trained_axis('key_dim'))) or 'none'}. "
+        f"Seeds: {', '.join(map(str, plan.seeds))}.",
         "",
         f"Model: d_model {base.d_model}, {layers} {base.norm}-LN "
         f"layer(s), {base.num_heads} head(s), W_Q, W_K init "

@@ -212,7 +212,8 @@ def plan_grid(args, command, presets, default_logdir, order=()):
                          {**preset.layer_values(task), "verbose": 0})
     logdir = args.logdir or default_logdir
     check_writable_directory(logdir, "--logdir")
-    given = {name: values[-1] for name, values in axes.items() if name != "seed"}
+    given = {name: values[-1] for name, values in axes.items()
+             if name != "seed"}
     try:
         base = resolve_config([preset_layer, *user,
                                Layer(command, {"logdir": logdir, **given})])

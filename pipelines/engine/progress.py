@@ -128,7 +128,8 @@ class Progress:
 
     def _show(self):
         now = self.clock()
-        first_estimate = not self._estimated and self.seconds_left() is not None
+        first_estimate = (not self._estimated
+                          and self.seconds_left() is not None)
         if self._terminal():
             self.stream.write("\r\033[K" + self.line())
             self.stream.flush()

@@ -51,7 +51,8 @@ def resolve_shard(shard_flag, count_flag, environ):
     texts (or None) and `environ`; `UsageError` on a malformed value."""
     if shard_flag is not None:
         return parse_shard(shard_flag)
-    if "SLURM_ARRAY_TASK_ID" in environ and "SLURM_ARRAY_TASK_COUNT" in environ:
+    if ("SLURM_ARRAY_TASK_ID" in environ
+            and "SLURM_ARRAY_TASK_COUNT" in environ):
         task = _integer(environ["SLURM_ARRAY_TASK_ID"], "SLURM_ARRAY_TASK_ID")
         first = _integer(environ.get("SLURM_ARRAY_TASK_MIN", 0),
                          "SLURM_ARRAY_TASK_MIN")

@@ -9,7 +9,8 @@ import os
 from markdown_it import MarkdownIt
 
 _STYLE = """
-body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#1d1d1d}
+body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:24px auto;
+padding:0 16px;color:#1d1d1d}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}

@@ -41,7 +41,8 @@ def run_record(run):
         # A diverged run has no final loss: the last evaluation came before
         # the loss became non-finite.
         "final_loss": None if diverged else metrics.get("heldout_loss"),
-        "final_accuracy": None if diverged else metrics.get("heldout_accuracy"),
+        "final_accuracy": (None if diverged
+                           else metrics.get("heldout_accuracy")),
         "init_loss": eval_loss.get(0),
         **{key: metrics.get(key) for key in (
             "steps", "steps_to_target", "target_accuracy",

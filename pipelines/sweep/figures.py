@@ -21,7 +21,8 @@ def _curve_rows(curve_list, rows, title):
         for row, (metric, label, log_y) in enumerate(rows):
             ax = axes[row][column]
             for curve in curve_list:
-                if (curve["optimizer"], curve["key_dim"]) != (optimizer, key_dim):
+                if ((curve["optimizer"], curve["key_dim"])
+                        != (optimizer, key_dim)):
                     continue
                 stats = curve[metric]
                 points = [(x, m, lo, hi) for x, m, lo, hi in zip(

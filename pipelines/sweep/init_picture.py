@@ -55,6 +55,7 @@ def growth_exponents(rows):
                   for row in rows if row["mode"] == mode
                   and row["score_std"]["mean"] > 0]
         if len(points) >= 2:
-            x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+            x = np.log([point[0] for point in points])
+            y = np.log([point[1] for point in points])
             out[mode] = float(np.polyfit(x, y, 1)[0])
     return out

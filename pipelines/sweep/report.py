@@ -13,7 +13,8 @@ from pipelines.sweep.init_picture import growth_exponents
 def overhead(records):
     """Per-run overhead: wall time minus steady training time
     (`(steps - 1) / steps_per_s`), in seconds and as a fraction of it."""
-    rows = [r for r in records if r.get("wall_time_s") and r.get("steps_per_s")]
+    rows = [r for r in records
+            if r.get("wall_time_s") and r.get("steps_per_s")]
     if not rows:
         return None
     steady = [max(r["steps"] - 1, 0) / r["steps_per_s"] for r in rows]
@@ -59,7 +60,8 @@ def _tables(document):
          "seeds at target (best lr)", "lrs: all seeds reach",
          "lrs: some seeds reach", "LR sensitivity"],
         [[b["optimizer"], str(b["key_dim"]), b["arm"],
-          f"{b['best_learning_rate']:g}" + (" (edge)" if b["at_grid_edge"] else ""),
+          f"{b['best_learning_rate']:g}"
+          + (" (edge)" if b["at_grid_edge"] else ""),
           f"{b['best_loss']:.3f}",
           f"{b['best_accuracy']:.3f} ± {b['best_accuracy_sd']:.3f}",
           f"{b['seeds_reaching_target_at_best']}/{b['seeds']}",
@@ -88,7 +90,8 @@ def _tables(document):
 
 
 def _summary_lines(document):
-    grid, timing, cost = document["grid"], document["timing"], document["overhead"]
+    grid, timing = document["grid"], document["timing"]
+    cost = document["overhead"]
     lines = [
         f"Grid: arms {', '.join(grid['arms'])}; optimizers "
         f"{', '.join(grid['optimizers'])}; learning rates "
@@ -115,7 +118,8 @@ def _summary_lines(document):
         lines.append("Growth of the init score std with d_k (slope of log std "
                      "against log d_k; predicted sqrt 0, none 0.5, inverse "
                      "-0.5): " + ", ".join(
-                         f"{mode} {slope:+.2f}" for mode, slope in exponents.items()))
+                         f"{mode} {slope:+.2f}"
+                         for mode, slope in exponents.items()))
     return lines
 
 
@@ -130,8 +134,9 @@ def render_markdown(document, figures=()):
                   f"{', '.join(document['missing'])}.", ""]
     lines += ["## Verdicts", ""]
     for verdict in document["verdicts"]:
+        headline = verdict["headline"] or "no unscaled arm in the grid"
         lines.append(f"**{verdict['optimizer']}, d_k {verdict['key_dim']}**: "
-                     f"{verdict['headline'] or 'no unscaled arm in the grid'}.")
+                     f"{headline}.")
         lines += [f"- {line}" for line in verdict["lines"]] + [""]
     lines += ["## Best learning rate per arm", "", *best, "",
               "Final loss is min(final held-out loss, loss at init), a "
