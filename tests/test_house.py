@@ -11,8 +11,11 @@
   (so the rest loads without TensorFlow); a lazy re-export table
   (`keras_attention.lazy`, PEP 562, which import-linter does not see as
   imports) naming only modules of its own package;
-* every module in keras_attention/, pipelines/ and scripts/ has at most 400
-  lines; keras_attention/layer.py (one public class) at most 500;
+* the size of a module in keras_attention/, pipelines/ and scripts/ is a
+  reason rule, not a cap: over 400 lines it is reported (a
+  `LongModuleWarning` in the run's warnings summary: does it still have one
+  job?), over 600 the test fails (split it by reason to change); every line
+  of those modules is at most 79 columns;
 * each package's `__init__.py` has a docstring.
 
 Each checker is tested first on a small fake tree, or on a copy of the real
@@ -25,14 +28,17 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = ("keras_attention", "pipelines")
-LINE_LIMIT = 400
-# Keras's rule: one documented public class, one file.
-LINE_LIMIT_EXCEPTIONS = {"keras_attention/layer.py": 500}
+# A module over REVIEW_LINES is looked at again, over SPLIT_LINES it is
+# split by reason to change: the count alone is no reason to move code (a
+# cap of 400 had commits move code out only for the count). LINE_WIDTH is
+# the house's width (PEP 8's 79 columns).
+REVIEW_LINES, SPLIT_LINES, LINE_WIDTH = 400, 600, 79
 LINE_CHECKED_DIRECTORIES = ("keras_attention", "pipelines", "scripts")
 # Only a backend's own training module imports its framework at its top;
 # everything else imports it inside the function that uses it (the export,
@@ -141,20 +147,42 @@ def foreign_lazy_exports(root):
     return problems
 
 
-def long_modules(root, directories=LINE_CHECKED_DIRECTORIES, limit=LINE_LIMIT,
-                 exceptions=LINE_LIMIT_EXCEPTIONS):
-    """`(path, lines, limit)` of every .py file over its line limit."""
-    offenders = []
+class LongModuleWarning(UserWarning):
+    """A module over `REVIEW_LINES` lines: shown in the warnings summary
+    that every pytest run prints, CI's included."""
+
+
+def checked_modules(root, directories=LINE_CHECKED_DIRECTORIES):
+    """`(relative path, lines)` of every .py file under `directories`."""
     for directory in directories:
         for path in sorted((root / directory).rglob("*.py")):
-            if "__pycache__" in path.parts:
-                continue
-            relative = path.relative_to(root).as_posix()
-            allowed = exceptions.get(relative, limit)
-            count = len(path.read_text().splitlines())
-            if count > allowed:
-                offenders.append((relative, count, allowed))
-    return offenders
+            if "__pycache__" not in path.parts:
+                yield (path.relative_to(root).as_posix(),
+                       path.read_text().splitlines())
+
+
+def check_module_lengths(root, directories=LINE_CHECKED_DIRECTORIES):
+    """Warns a `LongModuleWarning` for each .py file over `REVIEW_LINES`
+    lines; returns `(path, lines)` of those over `SPLIT_LINES`."""
+    too_long = []
+    for relative, lines in checked_modules(root, directories):
+        if len(lines) > SPLIT_LINES:
+            too_long.append((relative, len(lines)))
+        elif len(lines) > REVIEW_LINES:
+            # Reported at the module itself: the summary reads
+            # `path:1: LongModuleWarning: 456 lines, ...`.
+            warnings.warn_explicit(
+                f"{len(lines)} lines, over {REVIEW_LINES}: does it still "
+                "have one job?", LongModuleWarning, relative, 1)
+    return too_long
+
+
+def wide_lines(root, directories=LINE_CHECKED_DIRECTORIES):
+    """`path:line: N columns` of every line wider than `LINE_WIDTH`."""
+    return [f"{relative}:{number}: {len(line)} columns"
+            for relative, lines in checked_modules(root, directories)
+            for number, line in enumerate(lines, 1)
+            if len(line) > LINE_WIDTH]
 
 
 def packages_without_docstring(root, packages=PROJECT_PACKAGES):
@@ -251,7 +279,11 @@ def test_ast_checkers_on_a_fake_tree(tmp_path):
         "pipelines/__init__.py": '"""Pipelines."""\n',
         "pipelines/backends/_jax.py": "import jax\nimport torch\n",
         "pipelines/train.py": "def f():\n    import keras_attention.tasks\n",
-        "scripts/bench.py": "x = 1\n" * 450,
+        "keras_attention/models.py": "x = 1\n" * 400,
+        "scripts/bench.py": "x = 1\n" * 600,
+        "scripts/long.py": "x = 1\n" * 601,
+        "pipelines/wide.py": "x = 1\n" + "x" * 79 + "\n" + "é" * 80 + "\n",
+        "pipelines/notes.txt": "x" * 100 + "\n" * 700,
     }
     for relative, text in files.items():
         _write(tmp_path, relative, text)
@@ -267,15 +299,17 @@ def test_ast_checkers_on_a_fake_tree(tmp_path):
     ]
     assert foreign_lazy_exports(tmp_path) == [
         "keras_attention re-exports from pipelines.train"]
-    assert long_modules(tmp_path) == [
-        ("keras_attention/tasks/base.py", 401, 400),
-        ("scripts/bench.py", 450, 400),
-    ]
-    _write(tmp_path, "keras_attention/layer.py", "x = 1\n" * 480)
-    assert "keras_attention/layer.py" not in [
-        path for path, _, _ in long_modules(tmp_path)]
-    _write(tmp_path, "keras_attention/layer.py", "x = 1\n" * 501)
-    assert ("keras_attention/layer.py", 501, 500) in long_modules(tmp_path)
+    with pytest.warns(LongModuleWarning) as reported:
+        assert check_module_lengths(tmp_path) == [("scripts/long.py", 601)]
+    assert [(warning.filename, str(warning.message))
+            for warning in reported] == [
+        ("keras_attention/tasks/base.py",
+         "401 lines, over 400: does it still have one job?"),
+        ("scripts/bench.py",
+         "600 lines, over 400: does it still have one job?"),
+    ]  # 400 lines or fewer pass quietly; a .txt file is not a module
+    # Columns are characters, not bytes.
+    assert wide_lines(tmp_path) == ["pipelines/wide.py:3: 80 columns"]
     assert packages_without_docstring(tmp_path) == [
         "keras_attention/tasks/__init__.py"]
 
@@ -306,13 +340,18 @@ def test_lazy_exports_stay_inside_their_package():
     assert not problems, _listing("lazy re-exports from elsewhere", problems)
 
 
-def test_modules_are_at_most_400_lines():
-    offenders = long_modules(ROOT)
-    assert not offenders, _listing(
-        "modules over their line limit",
-        [f"{path}: {count} lines (limit {limit})"
-         for path, count, limit in offenders],
-    )
+def test_module_lengths():
+    # Modules over 400 lines are reported, not failed: they appear in the
+    # warnings summary at the end of the run.
+    too_long = check_module_lengths(ROOT)
+    assert not too_long, _listing(
+        f"modules over {SPLIT_LINES} lines: split them by reason to change",
+        [f"{path}: {count} lines" for path, count in too_long])
+
+
+def test_lines_are_at_most_79_columns():
+    wide = wide_lines(ROOT)
+    assert not wide, _listing(f"lines over {LINE_WIDTH} columns", wide)
 
 
 def test_every_package_init_has_a_docstring():
