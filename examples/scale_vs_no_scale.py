@@ -20,7 +20,6 @@ runs' loss and per-head entropy.
 """
 
 import argparse
-import importlib.util
 import os
 
 # keras_attention before Keras: where TensorFlow is missing and KERAS_BACKEND
@@ -111,8 +110,6 @@ def main(argv=None):
         callbacks = [AttentionMonitor(run_dir, examples,
                                       update_freq=args.update_freq,
                                       labels=labels)]
-        if importlib.util.find_spec("tensorflow") is not None:
-            callbacks.append(keras.callbacks.TensorBoard(run_dir))
         history = model.fit(x, y, batch_size=args.batch_size,
                             epochs=args.epochs, callbacks=callbacks,
                             verbose=0)

@@ -121,8 +121,7 @@ def test_mha_fit_tensorboard(tmp_path, capsys):
             assert entropy[step] == pytest.approx(
                 normalized_entropy(logged[step][1][:, head]).mean(), abs=1e-2)
     assert sorted(scalars["gradients/multi_head_attention/scores"]) == STEPS
-    # fit's own loss, per epoch (Keras's TensorBoard callback, or the
-    # monitor itself without TensorFlow).
+    # fit's own loss, per epoch, written by the monitor.
     assert sorted(scalars["epoch_loss"]) == [0, 1]
 
 
@@ -235,8 +234,8 @@ def test_examples_on_other_backends(backend):
 @from_outer_run
 def test_mha_example_without_tensorflow(tmp_path):
     """examples/mha_fit_tensorboard.py as a user runs it on JAX where
-    TensorFlow cannot be imported: no Keras TensorBoard callback, and the
-    monitor writes fit's loss itself (measured 13-21 s)."""
+    TensorFlow cannot be imported: the monitor writes fit's loss itself
+    (measured 13-21 s)."""
     pytest.importorskip("jax")
     logdir = tmp_path / "logs"
     # `sys.modules["tensorflow"] = None`: importing it fails and find_spec

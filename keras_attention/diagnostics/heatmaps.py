@@ -86,4 +86,5 @@ def attention_heatmaps(weights, num_examples=3, cell_pixels=8):
     cells = colorize(weights[:num_examples].reshape(-1, queries, keys))
     # Colour first, enlarge after: repeating uint8 pixels is far cheaper
     # than colouring every pixel.
-    return np.repeat(np.repeat(cells, cell_pixels, axis=1), cell_pixels, axis=2)
+    return np.repeat(np.repeat(cells, cell_pixels, axis=1), cell_pixels,
+                     axis=2)

@@ -110,7 +110,8 @@ def max_abs_score(scores, mask=None):
 
     Example:
 
-    >>> max_abs_score(np.array([[1.0, -3.0, 100.0]]), mask=[[True, True, False]])
+    >>> scores = np.array([[1.0, -3.0, 100.0]])
+    >>> max_abs_score(scores, mask=[[True, True, False]])
     3.0
     """
     selected = _attendable_scores(scores, mask)
