@@ -9,27 +9,27 @@ the task's own batches from memory. The callback logs its default
 `update_freq=100` with `(x, y)` examples (the pipeline's 16-example probe
 batch, so the gradient statistics are on) and no heat-map images.
 
-One model is fitted `--rounds` times each way, one epoch of `--steps`
-batches per fit, alternating with and without the callback (in reversed
-order every other round). A first fit each way, untimed, compiles the train
-step and the callback's probe (the callback keeps its compiled probe for the
-next fit of the same model); its ratio is printed too, as `first fit`.
-Besides, the wall time spent inside the callback's hooks, per fit and as a
-share of a fit without it: the callback's own work, which a busy machine
-disturbs far less than the ratio. The ratio is that of the medians of the
-timed fits' times, on this
-process's CPU time by default (`--clock wall` for elapsed time: on a shared
-machine its noise, +-50% between identical fits, hid the callback).
-
-Measured on a 2-core CPU shared with other jobs, 1000 steps, 3 rounds, CPU
-clock (the table in `keras_attention/callbacks.py`): ratio 1.016 on
-TensorFlow, 1.074 on JAX (1.028 and 0.948 in earlier runs), 0.937 on torch;
-inside the callback 1.4%, 1.8% and 0.5% of a fit.
+One model is fitted `--rounds` times in each of three arms, one epoch of
+`--steps` batches per fit, interleaved (in reversed order every other
+round): without the callback, with it, and with it timed inside its hooks
+(a subclass whose hooks first wait for JAX's queued batches, so that their
+time is the callback's own work; that wait disturbs JAX's pipelining, so
+this arm is kept out of the ratio). A first fit of each arm, untimed,
+compiles the train step and the callback's probe (the callback keeps its
+compiled probe for the next fit of the same model); its ratio is printed
+too, as `first fit`. Every fit is timed on both clocks, wall
+(`time.perf_counter`) and this process's CPU time (`time.process_time`,
+which other jobs on a shared machine disturb far less); the ratio is that
+of the medians. `--steps-per-execution` compiles the model with that many
+batches a call, as a user would on an accelerator; `--num-layers` and
+`--probe-size` make the probed model and batch bigger.
 
 Usage:
 
     python scripts/bench_callback.py --backend jax
-    python scripts/bench_callback.py --steps 2000 --rounds 7 --clock wall
+    python scripts/bench_callback.py --steps 2000 --rounds 7
+    python scripts/bench_callback.py --num-layers 4 --probe-size 32 \
+        --steps-per-execution 10
 
 Bad arguments exit with status 2 and one line on stderr.
 """
@@ -98,60 +98,79 @@ def main(argv=None):
                         help="Keras backend (default: KERAS_BACKEND)")
     _bench.add_flag(parser, "--steps", 1000, "batches per fit")
     _bench.add_flag(parser, "--rounds", 5, "timed fits each way")
-    _bench.add_flag(parser, "--update-freq", 100, "the callback's update_freq")
-    parser.add_argument("--clock", choices=sorted(_bench.CLOCKS),
-                        default="cpu",
-                        help="cpu (default): this process's CPU time, which "
-                        "other jobs on a shared machine disturb far less; "
-                        "wall: elapsed time")
+    _bench.add_flag(parser, "--update-freq", 100,
+                    "the callback's update_freq")
+    _bench.add_flag(parser, "--steps-per-execution", 1,
+                    "the model's steps_per_execution")
+    _bench.add_flag(parser, "--num-layers", 1, "attention layers (probed)")
+    _bench.add_flag(parser, "--probe-size", 16, "examples probed")
     args = parser.parse_args(argv)
-    config = resolve_config([Layer(PROG, {"task": "recall"})])
+    config = resolve_config([Layer(PROG, {
+        "task": "recall", "num_layers": args.num_layers,
+        "probe_size": args.probe_size})])
     task = build_task(config)
     keras.utils.set_random_seed(config.seed)
     model = build_model(config, task)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=args.steps_per_execution,
     )
     batches = task.batches(config.batch_size, config.seed)
     data = [next(batches) for _ in range(args.steps)]
     x, y, weight = (np.concatenate(parts) for parts in zip(*data))
     tokens, targets, _ = build_probe_batch(config, task)
     with tempfile.TemporaryDirectory() as log_dir:
-        monitor = _TimedMonitor(log_dir, (tokens, targets),
-                                   update_freq=args.update_freq)
+        monitors = {
+            "with": AttentionMonitor(log_dir, (tokens, targets),
+                                     update_freq=args.update_freq),
+            "timed": _TimedMonitor(log_dir, (tokens, targets),
+                                   update_freq=args.update_freq),
+        }
 
-        clock = _bench.CLOCKS[args.clock]
-
-        def fit(callbacks):
-            start = clock()
+        def fit(name):
+            clocks = [clock() for clock in CLOCK_ORDER]
             model.fit(x, y, sample_weight=weight,
                       batch_size=config.batch_size, epochs=1, verbose=0,
-                      shuffle=False, callbacks=callbacks)
-            return clock() - start
+                      shuffle=False,
+                      callbacks=[monitors[name]] if name in monitors
+                      else [])
+            return [clock() - start
+                    for clock, start in zip(CLOCK_ORDER, clocks)]
 
-        first = {"with": fit([monitor]), "without": fit([])}
-        times = {"with": [], "without": []}
-        monitor.seconds, wall = 0.0, []
+        first = {name: fit(name) for name in ARMS}
+        times = {name: [] for name in ARMS}
+        monitors["timed"].seconds = 0.0
         for round_ in range(args.rounds):
-            order = ("with", "without") if round_ % 2 == 0 else (
-                "without", "with")
+            order = ARMS if round_ % 2 == 0 else ARMS[::-1]
             for name in order:
-                start = time.perf_counter()
-                times[name].append(fit([monitor] if name == "with" else []))
-                if name == "without":
-                    wall.append(time.perf_counter() - start)
-    with_, without = (statistics.median(times[name])
-                      for name in ("with", "without"))
+                times[name].append(fit(name))
     print(f"backend {keras.backend.backend()}, recall model, "
-          f"{args.steps} steps of {config.batch_size}, update_freq "
-          f"{args.update_freq}, {args.clock} clock, median of {args.rounds}: "
-          f"fit {without:.2f} s without, {with_:.2f} s "
-          f"with the callback; ratio {with_ / without:.3f} "
-          f"(first fit, compiling: {first['with'] / first['without']:.3f}); "
-          f"inside the callback {monitor.seconds / args.rounds:.3f} s a "
-          f"fit, {100 * monitor.seconds / sum(wall):.1f}% of a fit without "
-          f"it (wall)")
+          f"{args.num_layers} layer(s), {args.probe_size} examples probed, "
+          f"{args.steps} steps of {config.batch_size}, "
+          f"steps_per_execution {args.steps_per_execution}, update_freq "
+          f"{args.update_freq}, median of {args.rounds}:")
+    for index, clock in enumerate(("wall", "cpu")):
+        with_, without = (statistics.median(fits[index] for fits in
+                                            times[name])
+                          for name in ("with", "without"))
+        print(f"  {clock}: fit {without:.2f} s without, {with_:.2f} s "
+              f"with the callback; ratio {with_ / without:.3f} (first "
+              f"fit, compiling: "
+              f"{first['with'][index] / first['without'][index]:.3f})")
+    wall_without = sum(fits[0] for fits in times["without"])
+    print(f"  inside the callback's hooks (a third arm, whose hooks wait "
+          f"for JAX's queued batches first): "
+          f"{monitors['timed'].seconds / args.rounds:.3f} s a fit, "
+          f"{100 * monitors['timed'].seconds / wall_without:.1f}% of a "
+          f"fit without it (wall)")
+
+
+# Each fit is timed on both clocks.
+CLOCK_ORDER = (_bench.CLOCKS["wall"], _bench.CLOCKS["cpu"])
+# The arms, interleaved (reversed every other round): without the
+# callback, with it, and with it timed inside its hooks.
+ARMS = ("without", "with", "timed")
 
 
 if __name__ == "__main__":
