@@ -1,5 +1,6 @@
 """A run's checkpoints: `checkpoints/ckpt-<step>.npz`, the values of every
-model and optimizer variable and the step, on every backend.
+model and optimizer variable, the step and the training loop's state (its
+`progress` member, JSON), on every backend.
 
 Written atomically (a staging file renamed into place), so a kill or a full
 disk leaves the previous checkpoints and at most a staging file, which the
@@ -8,6 +9,11 @@ the optimizer list them (their names carry process-wide counters,
 `seed_generator_3`), with their paths beside them; shapes are checked on
 restore. The members carry CRC-32s, so a damaged file fails on reading and
 the newest one that reads whole is resumed from.
+
+A resume reads the loop's state (the evaluation history, the diagnostics
+records, the event files' extent) from the checkpoint, never from the
+event files: rebuilt from the logs, a resumed run kept only the summary of
+its initial diagnostics.
 """
 
 import json
@@ -21,6 +27,7 @@ import numpy as np
 from keras_attention.files import atomic_path
 from pipelines.common import UsageError
 from pipelines.common import one_line
+from pipelines.common import to_jsonable
 from pipelines.common import warn
 from pipelines.common import writing
 
@@ -29,6 +36,9 @@ CHECKPOINT_DIR = "checkpoints"
 KEEP = 3
 
 _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
+# The member holding the loop's state, `Checkpoints.state()` as UTF-8 JSON
+# bytes (a numpy str array would take 4 bytes a character).
+STATE = "progress"
 
 
 class DamagedCheckpoints(UsageError):
@@ -117,6 +127,12 @@ def load_newest(directory, model, optimizer=None, then="resuming from"):
     there is none. A damaged newer one is named in one line on stderr,
     saying what the caller does `then`; `DamagedCheckpoints` when
     checkpoints exist and none reads whole."""
+    return _restore_newest(directory, model, optimizer, then)[0]
+
+
+def _restore_newest(directory, model, optimizer, then):
+    """`load_newest`, returning `(step, {name: array}, path)` of the
+    checkpoint restored, `(None, None, None)` when there is none."""
     damaged = []
     for number in reversed(checkpoint_steps(directory)):
         path = checkpoint_path(directory, number)
@@ -138,23 +154,45 @@ def load_newest(directory, model, optimizer=None, then="resuming from"):
                       if len(damaged) > 1 else "")
             warn(f"checkpoint file {file} is corrupt ({reason}){others}; "
                  f"{then} {os.path.basename(path)}, step {step}")
-        return step
+        return step, values, path
     if damaged:
         raise DamagedCheckpoints(directory, *damaged[0])
-    return None
+    return None, None, None
 
 
 class Checkpoints:
     """A run's checkpoints under `logdir`: restored into `model` and its
-    built `optimizer` when the run starts (`start_step`, 0 for none, or
-    `DamagedCheckpoints`), saved as it goes by the `chief` only."""
+    built `optimizer` when the run starts, saved as it goes by the `chief`
+    only.
+
+    Attributes:
+        start_step: the step restored, 0 for none.
+        restored: the loop's state stored with that step (what `state()`
+            returned when it was saved), `None` for none.
+        state: `state()`, the JSON-able loop's state each save stores
+            (set by the loop; called after the save flushed the writers).
+
+    Raises:
+        DamagedCheckpoints: checkpoints exist and none reads whole.
+        UsageError: the newest whole checkpoint holds no loop's state.
+    """
 
     def __init__(self, logdir, model, optimizer, chief):
         self.directory = os.path.join(logdir, CHECKPOINT_DIR)
         self.model, self.optimizer, self.chief = model, optimizer, chief
+        self.state = dict
         if chief:
             remove_partial_checkpoints(self.directory)
-        step = load_newest(self.directory, model, optimizer)
+        step, values, path = _restore_newest(self.directory, model,
+                                             optimizer, "resuming from")
+        if step is not None and STATE not in values:
+            # Written before the state was stored: its evaluation history
+            # and initial diagnostics could only be guessed from the event
+            # files (which lost the per-layer records), so it is refused.
+            raise UsageError(
+                f"checkpoint file {path} holds no training progress (it "
+                f"was written by an earlier version); move {self.directory} "
+                "aside to train from the start")
         if step is not None and chief:
             # Damaged newer files must not stay as "the last step safely
             # checkpointed".
@@ -162,17 +200,22 @@ class Checkpoints:
                 if newer > step:
                     os.remove(checkpoint_path(self.directory, newer))
         self.start_step = step or 0
+        self.restored = (None if step is None
+                         else json.loads(values[STATE].tobytes()))
 
     def save(self, step, writers):
-        """Saves the checkpoint of `step` after flushing `writers` (once it
-        exists, all logged up to it is on disk), then drops all but the
-        newest `KEEP`. Returns whether it saved: non-finite weights are
-        not, so the checkpoints kept are the last good ones."""
+        """Saves the checkpoint of `step` and the loop's `state()` after
+        flushing `writers` (once it exists, all logged up to it is on
+        disk), then drops all but the newest `KEEP`. Returns whether it
+        saved: non-finite weights are not, so the checkpoints kept are the
+        last good ones."""
         if not self.chief:
             return True
         for writer in writers:
             writer.flush()
-        values = {"step": np.asarray(step, np.int64)}
+        values = {"step": np.asarray(step, np.int64),
+                  STATE: np.frombuffer(json.dumps(to_jsonable(
+                      self.state())).encode(), np.uint8)}
         for group, variables in _variables(self.model,
                                            self.optimizer).items():
             values[f"{group}/paths"] = np.asarray(

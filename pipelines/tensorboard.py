@@ -1,4 +1,5 @@
-"""TensorBoard: reading a run's events back, writing them once, HParams.
+"""TensorBoard: a run's event files (written once per step, cut back to
+a checkpoint on resuming), reading events back, HParams.
 
 Events are read by `keras_attention.events.read_events`, not TensorBoard's
 `EventFileLoader`, which imports TensorFlow whenever it is installed and
@@ -15,7 +16,8 @@ import shutil
 from typing import NamedTuple
 
 from tensorboard.plugins.custom_scalar import layout_pb2
-from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
+from tensorboard.plugins.custom_scalar import (
+    metadata as custom_scalar_metadata)
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.util.tensor_util import make_ndarray
 
@@ -44,14 +46,20 @@ def read_event_scalars(directory):
     values = {}
     if not os.path.isdir(directory):
         return values
-    # Escaped: a run directory's name may hold glob characters ("[").
-    pattern = os.path.join(glob.escape(directory), "events.out.tfevents.*")
-    for path in sorted(glob.glob(pattern)):
+    for path in _event_files(directory):
         for event in read_events(path):
             for value in event.summary.value:
                 values.setdefault(value.tag, {})[int(event.step)] = (
                     _scalar(value))
     return values
+
+
+def _event_files(directory, suffix=""):
+    """The event files in `directory` (not below) whose names end in
+    `suffix`, sorted."""
+    # Escaped: a run directory's name may hold glob characters ("[").
+    return sorted(glob.glob(os.path.join(
+        glob.escape(directory), "events.out.tfevents.*" + suffix)))
 
 
 def _scalar(value):
@@ -66,33 +74,27 @@ def _scalar(value):
 
 
 class LogWriter:
-    """A summary writer of `directory` that skips the steps an earlier,
-    killed run of the same command logged (`previous`, `{tag: {step:
-    value}}`), so a resumed run logs each step once. Only the chief writes:
-    `writer` is a `SummaryWriter`, else a `DiscardingWriter`; write to it
-    inside `writing()`, which says a refused write in one line."""
+    """A summary writer of `directory` for the steps from `first_step` on
+    (a resumed run's steps up to its checkpoint are on disk already). Only
+    the chief writes: `writer` is a `SummaryWriter`, else a
+    `DiscardingWriter`; write to it inside `writing()`, which says a
+    refused write in one line."""
 
-    def __init__(self, directory, is_chief):
-        self.directory = directory
-        self.previous = read_event_scalars(directory) if is_chief else {}
-        self.last_logged = max(
-            (step for by_step in self.previous.values() for step in by_step),
-            default=-1)
+    def __init__(self, directory, is_chief, first_step=0):
+        self.directory, self.first_step = directory, first_step
         with self.writing():
             self.writer = (SummaryWriter(directory) if is_chief
                            else DiscardingWriter())
 
     def wants(self, step):
-        """Whether `step` is past everything logged here before."""
-        return step > self.last_logged
+        """Whether `step` is this run's to log (not the resumed run's)."""
+        return step >= self.first_step
 
     def scalars(self, values, step):
-        """Logs `{tag: value}` at `step`, each tag only past its last step
-        logged before (a kill can land between two tags of one step)."""
+        """Logs `{tag: value}` at `step`."""
         with self.writing():
             for tag, value in values.items():
-                if step > max(self.previous.get(tag, {-1: None})):
-                    self.writer.scalar(tag, value, step)
+                self.writer.scalar(tag, value, step)
 
     def flush(self):
         with self.writing():
@@ -126,10 +128,50 @@ class RunLogs(NamedTuple):
     train: LogWriter
     eval: LogWriter
 
+    def extent(self):
+        """`{directory name: {event file name: size}}` of the run's event
+        files now: what a checkpoint records for `open_run_logs`."""
+        return {os.path.basename(logs.directory): {
+                    os.path.basename(path): os.path.getsize(path)
+                    for path in _event_files(logs.directory)}
+                for logs in self}
 
-def open_run_logs(logdir, is_chief):
-    return RunLogs(LogWriter(os.path.join(logdir, TRAIN_LOGS), is_chief),
-                   LogWriter(os.path.join(logdir, EVAL_LOGS), is_chief))
+
+def open_run_logs(logdir, is_chief, start_step=0, extent=None):
+    """The `RunLogs` of a run starting at `start_step` (0: from scratch),
+    logging its steps after that (from 0 on a start).
+
+    The chief first cuts the event files back to `extent`, what
+    `RunLogs.extent()` returned when the checkpoint of `start_step` was
+    saved (`None`: to nothing). The resumed run computes every step after
+    its checkpoint again from `(seed, step)` and logs it: what a killed run
+    logged past that checkpoint would be a second record of those steps,
+    and skipping them instead (as before, by the largest step logged under
+    any tag) lost the step-0 diagnostics of a run killed after writing its
+    step-0 config. Cut back, each step is on disk once, logged by the run
+    that goes on; the records cut are written again, with the same values
+    on a deterministic run."""
+    directories = [os.path.join(logdir, name) for name in (TRAIN_LOGS,
+                                                            EVAL_LOGS)]
+    if is_chief:
+        for directory in directories:
+            kept = (extent or {}).get(os.path.basename(directory), {})
+            _cut_back(directory, kept)
+    first_step = start_step + 1 if start_step else 0
+    return RunLogs(*(LogWriter(directory, is_chief, first_step)
+                     for directory in directories))
+
+
+def _cut_back(directory, kept):
+    """Truncates each event file of `directory` to its size in `kept`,
+    `{file name: size}`, and removes those not in it."""
+    with writing(f"the event files in {directory}"):
+        for path in _event_files(directory):
+            size = kept.get(os.path.basename(path))
+            if size is None:
+                os.remove(path)
+            elif os.path.getsize(path) > size:
+                os.truncate(path, size)
 
 
 def write_end_metrics(run_dir, values, step, suffix):
@@ -138,9 +180,7 @@ def write_end_metrics(run_dir, values, step, suffix):
     ending in `suffix` that replaces an earlier report's: a rerun never
     duplicates them. A refused write raises `OSError`."""
     directory = os.path.join(run_dir, EVAL_LOGS)
-    pattern = os.path.join(glob.escape(directory),
-                           "events.out.tfevents.*" + suffix)
-    for path in glob.glob(pattern):
+    for path in _event_files(directory, suffix):
         os.remove(path)
     with SummaryWriter(directory, filename_suffix=suffix) as writer:
         for tag, value in values.items():
@@ -229,13 +269,3 @@ def write_run_header(writer, config, hparams_experiment=True):
             hp.hparams_pb(hparams, trial_id=trial_id), 0)
         writer.writer.text("config", "```\n" + text + "\n```", 0)
     writer.flush()
-
-
-def summary_from_events(tags, step):
-    """The `attention/mean/*` diagnostics logged at `step`, as
-    `{"summary": {...}}`, or `None`."""
-    prefix = "attention/mean/"
-    summary = {tag[len(prefix):]: by_step[step]
-               for tag, by_step in tags.items()
-               if tag.startswith(prefix) and by_step.get(step) is not None}
-    return {"summary": summary} if summary else None

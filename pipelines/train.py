@@ -6,10 +6,12 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
 
     DIR/config.json        the resolved config (flags, file and task defaults)
     DIR/vocab.json         the text task's characters and their labels
-    DIR/checkpoints/       Keras state; a rerun resumes from the newest
+    DIR/checkpoints/       weights, optimizer and loop state; a rerun
+                           resumes from the newest
     DIR/model.keras        the trained model
-    DIR/metrics.json       held-out loss/accuracy, steps, wall time, examples/s,
-                           steps to target, diagnostics at step 0 and end
+    DIR/metrics.json       held-out loss/accuracy, steps, wall time,
+                           examples/s, steps to target, diagnostics at step
+                           0 and end
     DIR/train/events.*     loss, accuracy, learning_rate, steps/s, examples/s
     DIR/validation/events.*  config (text), HParams, steps_to_target,
                            held-out loss and accuracy (text: bits per
@@ -26,7 +28,11 @@ host copy of the model, outside the training step, on the chief only.
 A run killed at any point, or stopped by a full disk, and started again
 with the same command resumes from its last whole checkpoint: the data are
 a pure function of `(seed, step)`, so it sees the batches the killed one
-would have, and logs no step twice. One process writes a run directory.
+would have. The checkpoint holds the loop's state (`_Progress`: the
+evaluation history, the diagnostics records, how far each event file had
+got), which the resume reads back; the event files are cut back to that
+point, so each step is logged once (`tensorboard.open_run_logs`). One
+process writes a run directory.
 """
 
 import dataclasses
@@ -42,8 +48,10 @@ import numpy as np
 from pipelines.backends import backend_module
 from pipelines.builders import build_probe_batch
 from pipelines.builders import build_task
+from pipelines.checkpoints import CHECKPOINT_DIR
 from pipelines.checkpoints import Checkpoints
-from pipelines.clock import Clock
+from pipelines.checkpoints import last_checkpointed_step
+from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.devices import check_memory
 from pipelines.devices import open_run_devices
@@ -51,8 +59,6 @@ from pipelines.export import check_out_path
 from pipelines.export import export_run
 from pipelines.flags import add_train_arguments
 from pipelines.flags import config_from_args
-from pipelines.numerics import check_finite_start
-from pipelines.numerics import diverged_line
 from pipelines.run_dir import METRICS_FILE
 from pipelines.run_dir import MODEL_FILE
 from pipelines.run_dir import check_resumable
@@ -61,12 +67,12 @@ from pipelines.run_dir import restore_model
 from pipelines.run_dir import save_model
 from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
+from pipelines.settings import flag
 from pipelines.step_display import StepDisplay
 from pipelines.steps import build_parts
 from pipelines.steps import make_diagnose
 from pipelines.steps import make_evaluate
 from pipelines.tensorboard import open_run_logs
-from pipelines.tensorboard import summary_from_events
 from pipelines.tensorboard import write_run_header
 
 
@@ -107,6 +113,46 @@ def run(args):
         f"{metrics['logdir']}"
     )
     return 0
+
+
+# ------------------------------------------------ numbers not finite
+# The settings that shape the initial scores (`--scale`, `--qk-init-std`,
+# `--qk-init-gain`) are each fine alone; what overflows is their product
+# with the model's sizes and dtype (`--qk-init-gain 1e30` and `--scale
+# 3.4e38` made the softmax NaN and ended in a traceback from the dashboard
+# writer). No bound on one flag says when: the initial model's forward pass
+# does.
+INIT_SETTINGS = ("scale", "qk_init_std", "qk_init_gain")
+
+
+def check_finite_start(config, model, tokens):
+    """Raises `UsageError`, one line naming the init settings given (else
+    all of them), when the initial `model`'s outputs on `tokens` are not
+    finite."""
+    outputs = keras.ops.convert_to_numpy(model(tokens, training=False))
+    if np.all(np.isfinite(outputs)):
+        return
+    given = [name for name in INIT_SETTINGS
+             if config.sources.get(name, "default") != "default"]
+    named = ", ".join(f"{flag(name)} {getattr(config, name)}"
+                      for name in given or INIT_SETTINGS)
+    raise UsageError(
+        f"{named}: the model's outputs at initialisation are not finite "
+        f"(the attention scores overflow {config.precision}); lower "
+        f"{' or '.join(flag(name) for name in given or INIT_SETTINGS)}"
+    )
+
+
+def diverged_line(config, step):
+    """The one line of a run that stopped at `step` on a non-finite loss:
+    what to lower, and the last good checkpoint kept."""
+    kept = last_checkpointed_step(os.path.join(config.logdir, CHECKPOINT_DIR))
+    return (
+        f"the loss became non-finite at step {step}; lower --learning-rate"
+        + (" or --weight-decay" if config.weight_decay else "")
+        + " or set --clip-norm"
+        + ("" if kept is None else f" (last good checkpoint: step {kept})")
+    )
 
 
 # ------------------------------------------------------------- train
@@ -187,19 +233,22 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
     parts = (build_parts if reuse is None else reuse)(config, devices, task)
     host_model = parts.host_model
 
-    # -------- checkpoint: resume where the last run of this command stopped.
+    # -------- checkpoint: resume where the last run of this command stopped,
+    # with the loop's state saved beside the weights.
     checkpoints = Checkpoints(logdir, parts.model, parts.optimizer, chief)
     start_step = checkpoints.start_step
+    progress = _Progress.restored(checkpoints.restored)
     parts.steps.reload()
 
     probe = build_probe_batch(config, task)
     if start_step == 0:  # Before anything is written.
         check_finite_start(config, parts.synced_host_model(), probe[0])
 
-    # -------- run directory and event files.
+    # -------- run directory and event files, cut back to the checkpoint.
     if chief:
         write_run_config(logdir, config, task)
-    logs = open_run_logs(logdir, chief)
+    logs = open_run_logs(logdir, chief, start_step, progress.logs)
+    checkpoints.state = lambda: progress.state(logs)
     write_run_header(logs.eval, config, hparams_experiment)
 
     # -------- data: every step's global batch is a function of (seed, step);
@@ -212,7 +261,6 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
     diagnose = make_diagnose(parts, probe, logs.eval, task)
 
     # -------- the loop.
-    progress = _Progress.resumed(logs.eval.previous, start_step)
     progbar = StepDisplay(steps, config.verbose if chief else 0,
                           config.log_every)
     progbar.update(min(start_step, steps))
@@ -220,19 +268,20 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
         progress.evaluated(0, *evaluate(), logs.eval)
         if chief:
             progress.diagnostics_init = diagnose(0)
-    step, window = start_step, []
-    clock = Clock()
+    step = start_step
+    clock = _Clock()
     while step < steps:
         loss, accuracy = parts.steps.train_step(next(train_data))
         if clock.first_step is None:
             float(loss)  # Waits for the first step: tracing, compiling.
             clock.first_step = time.time() - clock.start
         step += 1
-        window.append((loss, accuracy))
+        progress.window.append((loss, accuracy))
         if _due(step, config.log_every, steps):
-            mean_loss = _log_window(window, step, clock, parts.schedule,
-                                    logs.train, progbar, config.batch_size)
-            window = []
+            mean_loss = _log_window(progress.window, step, clock,
+                                    parts.schedule, logs.train, progbar,
+                                    config.batch_size)
+            progress.window = []
             on_log(step)
             if not math.isfinite(mean_loss):
                 progress.diverged_at = step
@@ -257,16 +306,9 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
         clock.pause(time.time() - pause_start)
     steps_per_second, train_time = clock.steps_per_second(step - start_step)
 
-    # -------- the end: a run that was already complete is only re-measured.
-    if progress.diverged_at is None and (
-            progress.heldout_accuracy is None
-            or progress.history[-1][0] != step):
-        progress.evaluated(step, *evaluate(), logs.eval)
-        if not math.isfinite(progress.heldout_loss):
-            progress.diverged_at = step  # The last update's weights.
+    # -------- the end. The last step was evaluated and diagnosed in the
+    # loop, or before the final checkpoint this run resumed from.
     if progress.diverged_at is None:
-        if chief and progress.diagnostics_final is None:
-            progress.diagnostics_final = diagnose(step)
         parts.synced_host_model()
         if chief:
             save_model(host_model, os.path.join(logdir, MODEL_FILE))
@@ -320,36 +362,76 @@ def _due(step, every, last):
 
 @dataclasses.dataclass
 class _Progress:
-    """What the loop has measured so far (carried over on resume)."""
+    """What the loop has measured so far: saved in each checkpoint
+    (`state`), read back by the run that resumes from it (`restored`)."""
 
-    history: list
+    history: list = dataclasses.field(default_factory=list)
     diagnostics_init: Optional[dict] = None
     diagnostics_final: Optional[dict] = None
     heldout_loss: Optional[float] = None
     heldout_accuracy: Optional[float] = None
     task: dict = dataclasses.field(default_factory=dict)  # heldout_scalars
-    diverged_at: Optional[int] = None
+    # The `(loss, accuracy)` of each step since the last train log: a
+    # checkpoint between two logs keeps the next log's mean whole.
+    window: list = dataclasses.field(default_factory=list)
+    # `RunLogs.extent()` at the checkpoint, to cut the event files back to.
+    logs: Optional[dict] = None
+    diverged_at: Optional[int] = None  # Not saved: no save follows it.
 
     @classmethod
-    def resumed(cls, eval_tags, start_step):
-        """The progress of the run this one resumes, from its eval events."""
-        history = [
-            (step, value)
-            for step, value in sorted(eval_tags.get("accuracy", {}).items())
-            if 0 < start_step and step <= start_step and value is not None
-        ]
-        init = summary_from_events(eval_tags, 0) if start_step > 0 else None
-        return cls(history, diagnostics_init=init)
+    def restored(cls, state):
+        """The progress `state()` saved, or a new one for `None`."""
+        if state is None:
+            return cls()
+        return cls(**{field.name: state[field.name]
+                      for field in dataclasses.fields(cls)
+                      if field.name != "diverged_at"})
+
+    def state(self, logs):
+        """The JSON-able progress, the event files' extent from `logs`."""
+        state = {field.name: getattr(self, field.name)
+                 for field in dataclasses.fields(self)
+                 if field.name != "diverged_at"}
+        state["window"] = [[float(loss), float(accuracy)]
+                           for loss, accuracy in self.window]
+        state["logs"] = logs.extent()
+        return state
 
     def evaluated(self, step, loss, accuracy, task_scalars, writer):
         """Records and logs a held-out evaluation at `step`."""
         self.heldout_loss, self.heldout_accuracy = loss, accuracy
         self.task = task_scalars
-        if self.history and self.history[-1][0] == step:
-            self.history.pop()  # Re-measured at the end of a finished run.
         self.history.append((step, accuracy))
         writer.scalars({"loss": loss, "accuracy": accuracy, **task_scalars},
                        step)
+
+
+class _Clock:
+    """Training time, leaving out the pauses for evaluation, diagnostics and
+    checkpoints, over the whole loop and over the current log window."""
+
+    def __init__(self):
+        self.start = self.window_start = time.time()
+        self.paused = self.window_paused = 0.0
+        self.first_step = None
+
+    def pause(self, seconds):
+        self.paused += seconds
+        self.window_paused += seconds
+
+    def window_seconds(self):
+        return max(time.time() - self.window_start - self.window_paused, 1e-9)
+
+    def new_window(self):
+        self.window_start, self.window_paused = time.time(), 0.0
+
+    def steps_per_second(self, steps_run):
+        """`(steps/s, training seconds)` of the loop. Throughput leaves out
+        the first step, which traces and compiles."""
+        train_time = max(time.time() - self.start - self.paused, 1e-9)
+        if steps_run > 1 and train_time > self.first_step:
+            return (steps_run - 1) / (train_time - self.first_step), train_time
+        return steps_run / train_time, train_time
 
 
 def _log_window(window, step, clock, schedule, writer, progbar, batch_size):

@@ -41,10 +41,22 @@ LIMIT_WORKER = os.path.join(REPO, "tests", "_write_limit_worker.py")
 KILL_WORKER = os.path.join(REPO, "tests", "_kill_worker.py")
 
 BACKENDS = ("tensorflow", "jax")
-# 30 steps, a checkpoint every 10: ckpt-10, -20, -30.
-RUN = dict(steps=30, checkpoint_every=10, eval_every=10, log_every=5,
-           diagnostics_every=30, seed=5, deterministic=True)
-# A checkpoint file of this model is 44 KB: a save under this file size
+# 30 steps, a checkpoint every 10: ckpt-10, -20, -30. Two layers, as in
+# the depth comparison: a resume must keep each layer's diagnostics. A log
+# every 4 steps: ckpt-10 falls inside the window 9..12, whose mean a run
+# resumed from it logs at step 12.
+RUN = dict(steps=30, checkpoint_every=10, eval_every=10, log_every=4,
+           diagnostics_every=10, num_layers=2, seed=5, deterministic=True)
+# The steps of the training logs.
+TRAIN_LOGGED = [4, 8, 12, 16, 20, 24, 28, 30]
+# metrics.json's clocks, paths and start, which differ between two runs of
+# one config.
+RUN_SPECIFIC = ("wall_time_s", "train_time_s", "first_step_time_s",
+                "steps_per_s", "examples_per_s", "logdir",
+                "resumed_from_step")
+# The event scalars of the throughput, which differ the same way.
+CLOCK_TAGS = ("steps_per_second", "examples_per_second")
+# A checkpoint file of this model is 83 KB: a save under this file size
 # limit fails mid-write (see _write_limit_worker.py).
 CHECKPOINT_LIMIT_BYTES = 20_000
 # A checkpoint's file name, and the name `atomic_path` stages it under.
@@ -198,10 +210,20 @@ def _checkpointed_steps(run_dir):
 
 def _checkpoint_arrays(path):
     """A checkpoint file's arrays, without the variables' paths (their
-    names carry process-wide counters)."""
+    names carry process-wide counters) and the loop's state."""
     with np.load(path, allow_pickle=False) as archive:
         return {name: archive[name] for name in archive.files
-                if not name.endswith("/paths")}
+                if not name.endswith("/paths") and name != "progress"}
+
+
+def _checkpoint_progress(path):
+    """The loop's state a checkpoint file holds (its `progress` member,
+    JSON), without the event files' extent (their names hold a time and
+    a pid)."""
+    with np.load(path, allow_pickle=False) as archive:
+        progress = json.loads(archive["progress"].tobytes())
+    del progress["logs"]
+    return progress
 
 
 def _assert_same_checkpoint(path, reference_path):
@@ -210,17 +232,63 @@ def _assert_same_checkpoint(path, reference_path):
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6,
                                    err_msg=name)
+    _assert_close(_checkpoint_progress(path),
+                  _checkpoint_progress(reference_path), "progress")
+
+
+def _assert_close(got, want, where):
+    """`got` equals `want`, JSON documents, their floats within 1e-6 (the
+    weights' tolerance) or 1e-5 relative."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), where
+        for key in want:
+            _assert_close(got[key], want[key], f"{where}/{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for index, (item, wanted) in enumerate(zip(got, want)):
+            _assert_close(item, wanted, f"{where}[{index}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), where
+    else:
+        assert got == want, where
+
+
+def _steps_by_tag(directory):
+    """`{tag: every step it is logged at}` under `directory`, once per
+    record (across all event files: a resumed run adds its own file)."""
+    steps = {}
+    for name in sorted(os.listdir(directory)):
+        for event in EventFileLoader(os.path.join(directory, name)).Load():
+            for value in event.summary.value:
+                steps.setdefault(value.tag, []).append(event.step)
+    return {tag: sorted(logged) for tag, logged in steps.items()}
 
 
 def _logged_steps(directory, tag):
-    """Every step `tag` is logged at under `directory`, once per record
-    (across all event files: a resumed run adds its own file)."""
-    steps = []
-    for name in sorted(os.listdir(directory)):
-        for event in EventFileLoader(os.path.join(directory, name)).Load():
-            steps += [event.step for value in event.summary.value
-                      if value.tag == tag]
-    return sorted(steps)
+    """Every step `tag` is logged at under `directory`, once per record."""
+    return _steps_by_tag(directory).get(tag, [])
+
+
+def _assert_same_run(run_dir, reference_dir):
+    """`run_dir` holds what the uninterrupted `reference_dir` does: its
+    metrics.json but the clocks and paths (the diagnostics records of each
+    layer included), each tag at the same steps, once each, with the same
+    values (the throughput's aside)."""
+    got, want = (
+        {name: value for name, value in json.loads(
+            (directory / "metrics.json").read_text()).items()
+         if name not in RUN_SPECIFIC}
+        for directory in (run_dir, reference_dir))
+    assert sorted(want["diagnostics"]["init"]["layers"]) == [
+        "attention_0", "attention_1"]
+    _assert_close(got, want, "metrics.json")
+    for sub in ("train", "validation"):
+        assert _steps_by_tag(run_dir / sub) == _steps_by_tag(
+            reference_dir / sub), sub
+        values = read_event_scalars(str(run_dir / sub))
+        wanted = read_event_scalars(str(reference_dir / sub))
+        for tag in set(wanted) - set(CLOCK_TAGS):
+            _assert_close(values[tag], wanted[tag], f"{sub}/{tag}")
 
 
 def _one_line(stderr):
@@ -231,7 +299,7 @@ def _one_line(stderr):
 
 def _resume(backend, config_file, logdir, reference, capfd, from_step):
     """The same command again, with room: exit 0, nothing on stderr, and the
-    uninterrupted run's weights."""
+    uninterrupted run's weights, metrics and event steps."""
     status, stderr = _command(backend, _train(config_file, logdir), capfd)
     assert status == 0, stderr[-3000:]
     assert stderr == "", stderr[-3000:]
@@ -240,9 +308,7 @@ def _resume(backend, config_file, logdir, reference, capfd, from_step):
     assert metrics["resumed_from_step"] == from_step
     assert metrics["steps"] == RUN["steps"]
     _assert_same_weights(logdir, reference)
-    assert metrics["heldout_accuracy"] == pytest.approx(
-        json.loads((reference / "metrics.json").read_text())[
-            "heldout_accuracy"], abs=1e-6)
+    _assert_same_run(logdir, reference)
     assert _temporaries(logdir) == []
     assert _checkpoint_files(logdir) == _whole_checkpoints(10, 20, 30)
     return metrics
@@ -352,25 +418,83 @@ def test_sigkill_mid_save_resumes_to_the_uninterrupted_weights(
     names = _checkpoint_files(logdir)
     assert len(names) == 2 and names[1] == "ckpt-10.npz", names
     assert STAGING.match(names[0]) and names[0].startswith(".ckpt-20.npz")
-    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20]
+    assert _logged_steps(logdir / "train", "loss") == TRAIN_LOGGED[:5]
 
+    # The resumed run reads its evaluations and initial diagnostics from
+    # ckpt-10 (the losses of steps 9 and 10 among them, for the mean logged
+    # at step 12), and cuts the event files back to it: steps 11..20, logged
+    # by the killed run, are recomputed and logged once more (`_resume`
+    # compares every metric, tag and step with the uninterrupted run's).
     metrics = _resume(backend, config_file, logdir, reference, capfd,
                       from_step=10)
     assert [step for step, _ in metrics["eval_history"]] == [0, 10, 20, 30]
-    # One continuous curve: each step logged once across the killed and the
-    # resumed run's event files, with the uninterrupted run's values (steps
-    # 11..20 were recomputed from ckpt-10, not logged again).
-    for sub, tag, steps in (("train", "loss", [5, 10, 15, 20, 25, 30]),
-                            ("validation", "accuracy", [0, 10, 20, 30])):
-        assert _logged_steps(logdir / sub, tag) == steps, sub
-        got = read_event_scalars(str(logdir / sub))[tag]
-        want = read_event_scalars(str(reference / sub))[tag]
-        assert sorted(want) == steps
-        for step in steps:
-            assert got[step] == pytest.approx(want[step], rel=1e-6), step
+    assert _logged_steps(logdir / "train", "loss") == TRAIN_LOGGED
+    assert _logged_steps(logdir / "validation",
+                         "attention/attention_1/score_std") == [0, 10, 20, 30]
     for step in (10, 20, 30):
         _assert_same_checkpoint(logdir / "checkpoints" / f"ckpt-{step}.npz",
                                 reference / "checkpoints" / f"ckpt-{step}.npz")
+
+
+# `python -c KILLED_AFTER_HEADER ARG...`: runs `keras-attention ARG...`,
+# killed with SIGKILL once the run has written its step-0 header (the config
+# and HParams), before its first evaluation.
+KILLED_AFTER_HEADER = (
+    "import os, signal, sys; from pipelines.cli import main; "
+    "import pipelines.train as train; header = train.write_run_header; "
+    "train.write_run_header = lambda *args: (header(*args), "
+    "os.kill(os.getpid(), signal.SIGKILL)); sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_sigkill_before_the_first_checkpoint_starts_clean(
+    tmp_path, config_file, reference, capfd
+):
+    logdir = tmp_path / "run"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_HEADER,
+         *_train(config_file, logdir)],
+        env=_environment(), capture_output=True, text=True, timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert _checkpoint_files(logdir) == []
+    logged = _steps_by_tag(logdir / "validation")
+    assert logged["config"] == [0] and "accuracy" not in logged
+    # The rerun starts from scratch, step 0 logged whole (the config once,
+    # the evaluation and diagnostics of step 0).
+    _resume("tensorflow", config_file, logdir, reference, capfd,
+            from_step=0)
+    logged = _steps_by_tag(logdir / "validation")
+    assert logged["config"] == [0]
+    assert logged["attention/attention_0/score_std"] == [0, 10, 20, 30]
+
+
+def test_a_checkpoint_without_the_loop_state_is_refused(
+    tmp_path, config_file, reference, capfd
+):
+    logdir = tmp_path / "run"
+    shutil.copytree(reference, logdir)
+    for name in ("metrics.json", "model.keras"):
+        (logdir / name).unlink()
+    checkpoints = logdir / "checkpoints"
+    # As an earlier version wrote them: the variables and the step only.
+    for step in (10, 20, 30):
+        path = checkpoints / f"ckpt-{step}.npz"
+        with np.load(path, allow_pickle=False) as archive:
+            values = {name: archive[name] for name in archive.files
+                      if name != "progress"}
+        np.savez(path, **values)
+    before = _mtimes(logdir)
+    status, stderr = _command("tensorflow", _train(config_file, logdir),
+                              capfd)
+    assert status == 2
+    assert _one_line(stderr) == (
+        "keras-attention train: error: checkpoint file "
+        f"{checkpoints / 'ckpt-30.npz'} holds no training progress (it was "
+        f"written by an earlier version); move {checkpoints} aside to train "
+        "from the start"
+    )
+    assert _mtimes(logdir) == before
 
 
 # --------------------------------------------------------- write failures
@@ -449,7 +573,7 @@ def test_write_failure_in_an_event_file_then_resume_to_identical_weights(
     config_file = config_files[backend]
     logdir = tmp_path / "run"
     # Once ckpt-20 is saved no file may grow past 100 bytes: the next
-    # write, the train events of step 25, is refused (EFBIG).
+    # write, the train events of step 24, is refused (EFBIG).
     result = subprocess.run(
         [sys.executable, LIMIT_WORKER, "after-save", "100", "2",
          *_train(config_file, logdir)],
@@ -465,10 +589,10 @@ def test_write_failure_in_an_event_file_then_resume_to_identical_weights(
         "and run the same command to resume from there"
     )
     assert step == 20
-    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20]
+    assert _logged_steps(logdir / "train", "loss") == TRAIN_LOGGED[:5]
     _resume(backend, config_file, logdir, references(backend), capfd,
             from_step=20)
-    assert _logged_steps(logdir / "train", "loss") == [5, 10, 15, 20, 25, 30]
+    assert _logged_steps(logdir / "train", "loss") == TRAIN_LOGGED
 
 
 def test_full_tmpfs_then_resume_to_identical_weights(
