@@ -36,8 +36,9 @@ def eval_batch_size(num_examples, num_replicas):
 
 class Parts(NamedTuple):
     """What a run trains with: the model and optimizer (built in the
-    devices' scope), the schedule, the host copy for diagnostics and
-    saving, the backend's compiled steps and the host copy's probe."""
+    devices' scope), the schedule, the host copy for saving and the
+    finite check at the start, the backend's compiled steps and the
+    trained model's compiled probe."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
@@ -62,14 +63,16 @@ def build_parts(config, devices, task, learning_rate=None):
         optimizer, schedule = build_optimizer(config, devices.num_replicas,
                                               learning_rate)
         optimizer.build(model.trainable_variables)
-    # A copy outside any distribution for the diagnostics and saving.
+    # A copy outside any distribution for saving.
     host_model = build_model(config, task)
     steps = backend_module(config.backend).Steps(model, optimizer, task,
                                                  config, devices)
     return Parts(
         model, optimizer, schedule, host_model, steps,
-        # Compiled once per run: eager probing cost about 3x more per call.
-        diagnostics_probe(host_model),
+        # Compiled once per run (eager probing cost about 3x more per
+        # call), on the trained model itself, as `AttentionMonitor` probes
+        # a `fit`: the weights are not copied to the host and back for it.
+        diagnostics_probe(model),
     )
 
 
@@ -116,7 +119,9 @@ def make_diagnose(parts, probe, writer, task):
     )
 
     def diagnose(step, images=True):
-        parts.synced_host_model()
+        # The steps' state into the model's variables (JAX; a copy on the
+        # device), which the probe reads.
+        parts.steps.sync()
         diagnostics = logger.probe()
         scores = _pattern_scores(diagnostics, patterns)
         # A diverged model's maps are not drawn (the dashboard refuses NaN);

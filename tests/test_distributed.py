@@ -68,10 +68,10 @@ def _weights(run_dir):
 def _checkpoint_arrays(path):
     """A checkpoint file's arrays (model and optimizer variables, step),
     without the variables' paths (their names carry process-wide
-    counters)."""
+    counters) and the loop's progress (it names the run's event files)."""
     with np.load(path, allow_pickle=False) as archive:
         return {name: archive[name] for name in archive.files
-                if not name.endswith("/paths")}
+                if not name.endswith("/paths") and name != "progress"}
 
 
 def _assert_same_checkpoints(run_dir, reference_dir, rtol):
