@@ -127,7 +127,8 @@ def add_flag(parser, flag, default, help, parse=positive_int):
 # ------------------------------------------------------------- set-up
 def setup_tensorflow(prog, threads=None, backends=("tensorflow",)):
     """Checks the Keras backend; on TensorFlow sets its thread counts
-    (before its first op) and silences its Python logger.
+    (before its first op) and silences its Python logger; sets torch's
+    thread count on TensorFlow (the peer of bench_layer.py) and on torch.
 
     Exits with status 2 unless Keras runs on one of `backends`.
     """
@@ -138,17 +139,18 @@ def setup_tensorflow(prog, threads=None, backends=("tensorflow",)):
             f"is {keras.backend.backend()!r}",
             status=2,
         )
-    if keras.backend.backend() != "tensorflow":
-        return
-    if threads is not None:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    if threads is not None and keras.backend.backend() != "jax":
         try:  # the torch peer of bench_layer.py, when torch is installed
             import torch
         except ImportError:
             pass
         else:
             torch.set_num_threads(threads)
+    if keras.backend.backend() != "tensorflow":
+        return
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
     # The benchmarks build fresh tf.functions per case on purpose; TF's
     # retracing warnings about functions created in a loop would only be
     # noise here.
@@ -168,7 +170,8 @@ def round_order(names, index, mode):
         return names[shift:] + names[:shift]
     if mode == "reverse":
         return names if index % 2 == 0 else names[::-1]
-    raise ValueError(f"`mode` must be 'rotate' or 'reverse'; received {mode!r}")
+    raise ValueError(
+        f"`mode` must be 'rotate' or 'reverse'; received {mode!r}")
 
 
 def text_table(headers, rows, widths=None, header_justify="right"):
@@ -178,7 +181,8 @@ def text_table(headers, rows, widths=None, header_justify="right"):
         headers: the column titles.
         rows: lists of cells (`str()` is applied), one per column.
         widths: the column widths; default the widest cell of each column.
-        header_justify: `"right"` or `"left"`; cells are always right-justified.
+        header_justify: `"right"` or `"left"`; cells are always
+            right-justified.
     """
     widths = widths or [max(len(str(h)), *(len(str(row[i])) for row in rows))
                         for i, h in enumerate(headers)]
@@ -221,7 +225,8 @@ class HandProjectedAttention(keras.layers.Layer):
         width, heads, key_dim = input_shape[-1], self.num_heads, self.key_dim
         for name in PROJECTIONS:
             output = name == "output"
-            kernel = (heads, key_dim, width) if output else (width, heads, key_dim)
+            kernel = ((heads, key_dim, width) if output
+                      else (width, heads, key_dim))
             setattr(self, f"{name}_kernel",
                     self.add_weight(name=f"{name}_kernel", shape=kernel))
             if self.use_bias:
