@@ -173,12 +173,11 @@ def diagnostics_probe(model, loss_fn=None, maps=None):
     reduced inside it (`keras_attention.diagnostics.reductions`) and leave
     it in one transfer to the host; nothing goes back to the device. A
     training run that probes every few hundred steps spends several times
-    less on each call than with the eager `probe_diagnostics`: on
-    TensorFlow 125 -> 15 ms per call on recall (measured by
-    scripts/bench_train.py, in training, the copy of the weights
-    included). The default recall model alone (probe batch 16 x 17, median
-    of 20 calls, 2-core CPU): JAX 106 -> 7 ms, TensorFlow 49 -> 7 ms, after
-    a first call that traces and compiles (JAX 2.9 s, TensorFlow 0.6 s).
+    less on each call than with the eager `probe_diagnostics`. The default
+    recall model alone (probe batch 16 x 17, median of 20 calls, 2-core
+    CPU, before the statistics moved into the compiled call): JAX 106 -> 7
+    ms, TensorFlow 49 -> 7 ms, after a first call that traces and compiles
+    (JAX 2.9 s, TensorFlow 0.6 s).
 
     Args:
         model: as for `probe_diagnostics`; it is probed with its current
