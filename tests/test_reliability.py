@@ -469,14 +469,19 @@ def test_sigkill_before_the_first_checkpoint_starts_clean(
     assert logged["attention/attention_0/score_std"] == [0, 10, 20, 30]
 
 
-def test_a_checkpoint_without_the_loop_state_is_refused(
-    tmp_path, config_file, reference, capfd
-):
-    logdir = tmp_path / "run"
+def _unfinished_copy(reference, logdir):
+    """A copy of the reference run as if killed after its last checkpoint
+    (no metrics.json, no model.keras); `(logdir, its checkpoints dir)`."""
     shutil.copytree(reference, logdir)
     for name in ("metrics.json", "model.keras"):
         (logdir / name).unlink()
-    checkpoints = logdir / "checkpoints"
+    return logdir, logdir / "checkpoints"
+
+
+def test_a_checkpoint_without_the_loop_state_is_refused(
+    tmp_path, config_file, reference, capfd
+):
+    logdir, checkpoints = _unfinished_copy(reference, tmp_path / "run")
     # As an earlier version wrote them: the variables and the step only.
     for step in (10, 20, 30):
         path = checkpoints / f"ckpt-{step}.npz"
@@ -656,11 +661,7 @@ def _flip_a_byte(path, member):
 def test_a_damaged_checkpoint_is_named_and_the_one_before_exported(
     tmp_path, reference, capfd
 ):
-    logdir = tmp_path / "run"
-    shutil.copytree(reference, logdir)
-    for name in ("metrics.json", "model.keras"):
-        (logdir / name).unlink()
-    checkpoints = logdir / "checkpoints"
+    logdir, checkpoints = _unfinished_copy(reference, tmp_path / "run")
     newest = checkpoints / "ckpt-30.npz"
     # A weight's bytes changed on disk (the file's length unchanged).
     _flip_a_byte(newest, "model/00005.npy")
@@ -692,11 +693,7 @@ def test_a_damaged_checkpoint_is_named_and_the_one_before_exported(
 def test_a_truncated_checkpoint_falls_back_or_exits_2(
     tmp_path, config_file, reference, capfd
 ):
-    logdir = tmp_path / "run"
-    shutil.copytree(reference, logdir)
-    for name in ("metrics.json", "model.keras"):
-        (logdir / name).unlink()
-    checkpoints = logdir / "checkpoints"
+    logdir, checkpoints = _unfinished_copy(reference, tmp_path / "run")
     newest = checkpoints / "ckpt-30.npz"
     os.truncate(newest, os.path.getsize(newest) // 2)
 
