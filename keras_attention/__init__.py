@@ -49,6 +49,7 @@ _LAZY_EXPORTS = {
     "masked_softmax": "keras_attention.ops",
     "record_attention": "keras_attention.recording",
     "scaled_dot_product_attention": "keras_attention.ops",
+    "scan_train_steps": "keras_attention.scan_steps",
 }
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "masked_softmax",
     "record_attention",
     "scaled_dot_product_attention",
+    "scan_train_steps",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS)
