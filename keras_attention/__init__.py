@@ -19,7 +19,8 @@ Floors (a module imports only from its own floor, without cycles, or below):
 - 2, built on the layer: `transformer_block`, `embeddings`, `models`,
   `tasks`, `diagnostics`, `viz`, `dashboard` (probing a model and writing
   what TensorBoard shows), `callbacks` (`AttentionMonitor` for
-  `model.fit`), `serving` (what an export serves), `export_onnx`, `export`.
+  `model.fit`), `scan_steps` (many training steps in one compiled call on
+  JAX), `serving` (what an export serves), `export_onnx`, `export`.
 
 The pipelines (`pipelines/`) sit above the package and are never imported
 by it. This module re-exports the names most users need, each imported

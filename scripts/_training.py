@@ -16,6 +16,7 @@ from typing import NamedTuple
 import _bench  # noqa: F401  (first: backend, log level, sys.path)
 from _bench import keras
 
+from keras_attention import scan_train_steps
 from pipelines import train as train_module
 from pipelines.builders import build_model
 from pipelines.builders import build_optimizer
@@ -128,7 +129,7 @@ class _EpochClock(keras.callbacks.Callback):
         self.marks.append(read_clocks())
 
 
-def time_fit(config, task, warmup, steps_per_execution):
+def time_fit(config, task, warmup, steps_per_execution, scan=False):
     """`Model.fit` as a user would write it for the trainer's run of
     `config`: the same model (`build_model`, weights drawn after
     `seed_run(config.seed)` as the trainer draws them), optimizer and
@@ -139,7 +140,9 @@ def time_fit(config, task, warmup, steps_per_execution):
 
     A first `fit` of `warmup` steps compiles and warms up; a second, of the
     remaining `config.steps - warmup` batches of the stream, is timed from
-    the start of its epoch to its end (`_EpochClock`).
+    the start of its epoch to its end (`_EpochClock`). With `scan`, the
+    model's train function is `keras_attention.scan_train_steps`' (one
+    compiled `lax.scan` a call on JAX).
 
     Returns:
         `(Timing, model)`: the timing and the trained model.
@@ -156,6 +159,8 @@ def time_fit(config, task, warmup, steps_per_execution):
         jit_compile=config.jit_compile == "on",
         steps_per_execution=steps_per_execution,
     )
+    if scan:
+        scan_train_steps(model)
     model.fit(_stream(config, task), steps_per_epoch=warmup, verbose=0,
               shuffle=False)
     clock = _EpochClock()

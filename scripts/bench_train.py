@@ -241,6 +241,12 @@ def variants(config, task, warmup, per_call, diagnostics_every, durations):
         runs[f"fit, {steps} step{'s' * (steps > 1)}/call"] = (
             steps, lambda steps=steps: _training.time_fit(
                 config, task, warmup, steps))
+    if keras.backend.backend() == "jax" and per_call > 1:
+        # Keras 3.15.1 loops over one compiled step per batch on JAX;
+        # `scan_train_steps` makes the call one compiled `lax.scan`.
+        runs[f"fit, {per_call} steps/call, scanned"] = (
+            per_call, lambda: _training.time_fit(
+                config, task, warmup, per_call, scan=True))
     if diagnostics_every is not None:
         diagnosed = config.replace(diagnostics_every=diagnostics_every)
         runs[DIAGNOSED] = (1, lambda: _training.time_trainer(
