@@ -240,7 +240,7 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
     # ratios are those of the times it printed, within each round.
     train = document["bench_train"]
     per_call = {"ours": 1, "fit, 1 step/call": 1, "fit, 10 steps/call": 10,
-                "ours + diagnostics": 1}
+                "fit, 10 steps/call, scanned": 10, "ours + diagnostics": 1}
     assert train["steps_per_call"] == per_call
     assert train["timed_steps"] == 10  # --steps 20, --warmup 5 rounded up
     for name in per_call:
@@ -252,7 +252,8 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
                 [times["ours"][0] / times[name][0]])
         assert train["start_s"][name][0] > 0
     assert train["weights_vs_ours"]["ours + diagnostics"] == [0.0]
-    for name in ("fit, 1 step/call", "fit, 10 steps/call"):
+    for name in ("fit, 1 step/call", "fit, 10 steps/call",
+                 "fit, 10 steps/call, scanned"):
         assert 0 <= train["weights_vs_ours"][name][0] < 1e-5
     assert train["fit_vs_ours"] == pytest.approx(
         train["vs_ours"]["wall"]["fit, 10 steps/call"][0])
