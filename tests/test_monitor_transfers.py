@@ -103,26 +103,28 @@ def _steps(directory, tag):
     return sorted(event.step for event in accumulator.Tensors(tag))
 
 
-@pytest.mark.parametrize("update_freq,expected", [
-    (8, [0, 8, 16]),
-    # Calls start at batches 0, 4, 8, 12: a log at the first start at or
-    # after each multiple of 6, and at the end.
-    (6, [0, 8, 12, 16]),
-])
-def test_steps_are_batches_under_steps_per_execution(tmp_path, update_freq,
-                                                     expected):
+def test_steps_are_batches_under_steps_per_execution(tmp_path):
     model = _model()
     model.compile(optimizer="adam",
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True), steps_per_execution=4)
     x, y = _examples(64)
-    # 64 examples in batches of 8, two epochs: 16 batches.
+    # 64 examples in batches of 8, two epochs: 16 batches, in calls that
+    # start at batches 0, 4, 8 and 12. Two monitors in one fit.
+    expected = {
+        8: [0, 8, 16],
+        # A log at the first start at or after each multiple of 6, and at
+        # the end.
+        6: [0, 8, 12, 16],
+    }
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
-              callbacks=[AttentionMonitor(tmp_path, x[:2],
-                                          update_freq=update_freq)])
-    assert _steps(tmp_path / "train",
-                  "attention/attention_0/entropy/head0") == expected
-    assert _steps(tmp_path / "train", "epoch_loss") == [0, 1]
+              callbacks=[AttentionMonitor(tmp_path / str(every), x[:2],
+                                          update_freq=every)
+                         for every in expected])
+    for every, steps in expected.items():
+        run = tmp_path / str(every) / "train"
+        assert _steps(run, "attention/attention_0/entropy/head0") == steps
+        assert _steps(run, "epoch_loss") == [0, 1]
 
 
 def test_a_refused_write_is_raised_and_earlier_steps_stay(tmp_path,
