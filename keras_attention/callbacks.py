@@ -14,22 +14,22 @@ an error there is raised at the next hook or at the end of `fit`.
 Overhead at `update_freq=100`, measured by `scripts/bench_callback.py`
 (one run per backend) on its default model, the recall task's
 `build_sequence_model` at the training pipeline's defaults (1 layer, 1
-head, d_model 64, batch 64), `(x, y)` examples of 16, 1000 steps a fit,
-median of 3 interleaved fits each way, on a 2-core CPU shared with other
-jobs, before the statistics moved to the device and the writes to a
-thread:
+head, d_model 64, batch 64), `(x, y)` examples of 16, 1000 steps a fit
+(500 for the second TensorFlow row), median of 3 (5) interleaved fits, on
+2 idle CPU cores on 2026-12-04, the statistics on the device and the
+writes on the writer thread:
 
-| backend    | fit with / without (CPU time) | in the callback's hooks |
-|------------|-------------------------------|-------------------------|
-| tensorflow | 1.016                         | 0.15 s a fit, 1.4%      |
-| jax        | 1.074 (1.028, 0.948 in earlier runs) | 0.15 s a fit, 1.8% |
-| torch      | 0.937                         | 0.59 s a fit, 0.5%      |
+| backend    | fit with / without, wall | CPU time | in its hooks |
+|------------|--------------------------|----------|--------------|
+| tensorflow | 1.127 (1.084)            | 0.934 (0.992) | 0.5% (0.6%) |
+| jax        | 0.938                    | 0.931    | 0.5%         |
+| torch      | 1.017                    | 1.018    | 0.8%         |
 
-The ratio moves by several percent between identical runs on that
-machine; the time inside the hooks (wall time, after JAX's queued batches
-are done) is the callback's own work. A probe and its writing took about
-10 ms; the first `fit` also compiles the probe (TensorFlow 0.6 s, JAX
-about 3-4 s), kept for later fits of the same model.
+On TensorFlow the wall-clock cost is not in the hooks and not in the CPU
+time; with the writes made synchronous again the same fits measured 1.301
+wall, 1.046 CPU: the writer thread removed most of it, what is left was
+not found. A first `fit` also compiles the probe (TensorFlow about 1 s,
+JAX about 3.7 s), kept for later fits of the same model.
 """
 
 import collections

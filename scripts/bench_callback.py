@@ -24,6 +24,12 @@ of the medians. `--steps-per-execution` compiles the model with that many
 batches a call, as a user would on an accelerator; `--num-layers` and
 `--probe-size` make the probed model and batch bigger.
 
+Measured on 2 idle CPU cores (2026-12-04), 1000 steps, 3 rounds (the
+table in `keras_attention/callbacks.py`): with / without 1.127 wall and
+0.934 CPU on TensorFlow (1.084 and 0.992 over 500 steps, 5 rounds), 0.938
+and 0.931 on JAX, 1.017 and 1.018 on torch; inside the hooks 0.5%, 0.5%
+and 0.8% of a fit.
+
 Usage:
 
     python scripts/bench_callback.py --backend jax
