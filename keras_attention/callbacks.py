@@ -204,8 +204,8 @@ class AttentionMonitor(keras.callbacks.Callback):
             + _steps_per_call(self.model))
         if self._logger is None or not self.log_metrics or not logs:
             return
-        values = {name: float(value) for name, value in logs.items()}
-        self._queue.submit(self._write_metrics, values, epoch)
+        # Read to the host on the writer thread, not here.
+        self._queue.submit(self._write_metrics, dict(logs), epoch)
 
     def on_train_end(self, logs=None):
         try:
@@ -275,7 +275,7 @@ class AttentionMonitor(keras.callbacks.Callback):
             run = "validation" if name.startswith("val_") else "train"
             self._writer(run).scalar(
                 f"epoch_{name[4:] if run == 'validation' else name}",
-                value, epoch)
+                float(value), epoch)
 
     def _writer(self, run):
         if run not in self._writers:

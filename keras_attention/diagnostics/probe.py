@@ -129,7 +129,7 @@ def probe_diagnostics(model, tokens, targets, sample_weight, loss_fn=None,
         `"weights"`, `"scores"` (scaled, before the mask) `(B, H, T, S)`
         and the boolean `"mask"` or `None`) of the first `maps`
         examples, with `"per_example"`, their statistics of the
-        dashboard's summary (`reductions.EXAMPLE_STATISTICS`, `(maps, H)`
+        dashboard's summary (`viz.summary.STATISTICS`, `(maps, H)`
         each)), in the model's order of
         layers, and `"summary"` with the mean of each statistic of
         `SUMMARY_KEYS` over layers and heads (the maximum for

@@ -29,9 +29,6 @@ from keras_attention.ops import attention_entropy
 
 # The per-(example, head) sums of one layer, each `(B, H)` float32.
 ROW_SUMS = ("entropy", "entropy_normalized", "max_weight", "saturated")
-# The statistics of the dashboard's summary, per (example, head).
-EXAMPLE_STATISTICS = ("entropy_normalized", "max_weight",
-                      "saturated_fraction", "score_std")
 
 
 def reduce_passes(logits, loss, records, gradients, variables, targets,
