@@ -9,8 +9,8 @@ functions: this module is imported on every backend (see `probe`).
 
 import functools
 
-import keras
 
+from keras_attention.diagnostics.reductions import fetch_flat
 from keras_attention.recording import projection_kernels
 
 
@@ -102,7 +102,5 @@ def _reduced(model, layers, forward, reduce, tokens, targets, sample_weight):
     return reduce(*passes, targets, sample_weight)
 
 
-def fetch(outputs):
-    """`outputs` (eager tensors, nested) as numpy arrays."""
-    return keras.tree.map_structure(
-        lambda tensor: None if tensor is None else tensor.numpy(), outputs)
+# The outputs to the host in one copy.
+fetch = fetch_flat

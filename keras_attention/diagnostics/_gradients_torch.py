@@ -14,6 +14,7 @@ import functools
 
 import keras
 
+from keras_attention.diagnostics.reductions import fetch_flat
 from keras_attention.recording import projection_kernels
 
 
@@ -85,26 +86,5 @@ def _reduced(model, layers, forward, reduce, tokens, targets, sample_weight):
         return reduce(*passes, targets, sample_weight)
 
 
-def fetch(outputs):
-    """`outputs` (tensors, nested) as numpy arrays on the host, in one
-    copy: every tensor flattened into one float32 buffer where it lives,
-    copied once, then cut back into the tensors' shapes and dtypes (on a
-    GPU each `.cpu()` waits for the device; one call per tensor made a log
-    wait about 30 times)."""
-    import torch
-
-    leaves = [leaf for leaf in keras.tree.flatten(outputs)
-              if leaf is not None]
-    if not leaves:
-        return outputs
-    flat = torch.cat([leaf.detach().reshape(-1).to(torch.float32)
-                      for leaf in leaves]).cpu().numpy()
-    arrays, start = {}, 0
-    for leaf in leaves:
-        size = leaf.numel()
-        arrays[id(leaf)] = flat[start:start + size].reshape(
-            tuple(leaf.shape)).astype(
-                keras.backend.standardize_dtype(leaf.dtype))
-        start += size
-    return keras.tree.map_structure(
-        lambda leaf: None if leaf is None else arrays[id(leaf)], outputs)
+# The outputs to the host in one copy.
+fetch = fetch_flat
