@@ -4,8 +4,8 @@ examples and written for TensorBoard, whoever drives the steps.
 Floor 2: builds on `keras_attention.diagnostics` (the probe and its
 scalars, histograms and heat maps) and `keras_attention.viz` (the Attention
 dashboard's summary). `keras_attention.callbacks.AttentionMonitor` drives it
-from `model.fit`; the training pipeline drives it from its own loop. Both
-write the same tags:
+from `model.fit`; the training pipeline drives it from its own callback
+beside `fit`. Both write the same tags:
 
 * `attention/<layer>/maps`, the Attention dashboard's summary of the first
   `dashboard_examples` examples (weights, scores, mask, labels, per example

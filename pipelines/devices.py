@@ -53,12 +53,16 @@ def probe_precision(config):
     return resolve_precision("auto", config.backend, accelerator)
 
 
-def resolve_jit(jit_compile, devices, source="flags"):
+def resolve_jit(jit_compile, devices, source="flags", deterministic=False):
     """Whether the steps are XLA-compiled. TensorFlow `"auto"`: on
     accelerators, where fusing a toy model's small ops pays (on a CPU it
-    mostly adds compile time); JAX: always, as Keras's JAX trainer does;
-    torch: never. `"on"` from a preset (the setting's `source`) is off on
-    torch; asked for otherwise, it is refused there."""
+    mostly adds compile time), and never with `deterministic` (Keras's
+    TensorFlow trainer turns XLA off under op determinism); JAX: always,
+    as Keras's JAX trainer does; torch: never. `"on"` from a preset (the
+    setting's `source`) is off on torch; asked for otherwise, it is
+    refused there."""
+    if devices.backend == "tensorflow" and deterministic:
+        return False
     if devices.backend == "torch":
         if jit_compile == "on" and not source.startswith("preset"):
             raise UsageError(
@@ -92,7 +96,8 @@ def open_run_devices(config):
                                     devices.accelerator),
         jit_compile="on" if resolve_jit(
             config.jit_compile, devices,
-            config.sources.get("jit_compile", "flags")) else "off",
+            config.sources.get("jit_compile", "flags"),
+            config.deterministic or devices.deterministic) else "off",
     )
     return config, devices
 

@@ -1,5 +1,17 @@
-"""What a run trains with, on any backend: its `Parts` (`build_parts`), the
-held-out evaluation (`make_evaluate`) and the diagnostics (`make_diagnose`).
+"""What a run trains with, on any backend: its `Parts` (`build_parts`: the
+model compiled for Keras's `fit`), the data `fit` and `evaluate` read
+(`train_feed`, `heldout_feed`) and the diagnostics (`make_diagnose`).
+
+The loss is the weighted mean cross-entropy of the global batch, whatever
+the replicas: each batch's weights are divided by the global batch's total
+weight before they reach `fit`, and the loss sums (`reduction="sum"`), so
+the replicas' summed gradients are the gradient of the global-batch mean
+and Keras's loss tracker averages the steps' means (Keras scales neither a
+`"sum"` loss nor, on TensorFlow, its gradients for the replicas; a
+`"mean_with_sample_weight"` loss would be each replica's own mean). The
+held-out set's weights are divided by its total weight times its number of
+batches, so `evaluate`'s loss is the set's weighted mean exactly. The
+accuracy is a weighted metric, unchanged by the scale.
 """
 
 from typing import Callable, NamedTuple
@@ -34,22 +46,32 @@ def eval_batch_size(num_examples, num_replicas):
     return best
 
 
+def steps_per_call(config):
+    """Steps in one compiled call of `fit`: the largest number dividing
+    every interval the loop acts at and the run's length, so each step it
+    acts at (a checkpoint resumed from included) ends a call: the loop's
+    hooks run between calls. One on torch, where Keras refuses more."""
+    if config.backend == "torch":
+        return 1
+    return int(np.gcd.reduce([
+        config.log_every, config.eval_every, config.diagnostics_every,
+        config.checkpoint_every, config.steps]))
+
+
 class Parts(NamedTuple):
-    """What a run trains with: the model and optimizer (built in the
-    devices' scope), the schedule, the host copy for saving and the
-    finite check at the start, the backend's compiled steps and the
-    trained model's compiled probe."""
+    """What a run trains with: the model (built in the devices' scope and
+    compiled for `fit`), its optimizer, the schedule, the host copy for
+    saving and the finite check at the start, and the model's compiled
+    diagnostics probe."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     schedule: Callable
     host_model: keras.Model
-    steps: object
     probe: Callable
 
     def synced_host_model(self):
-        """The host copy, holding the steps' current weights."""
-        self.steps.sync()
+        """The host copy, holding the model's current weights."""
         self.host_model.set_weights(self.model.get_weights())
         return self.host_model
 
@@ -63,12 +85,13 @@ def build_parts(config, devices, task, learning_rate=None):
         optimizer, schedule = build_optimizer(config, devices.num_replicas,
                                               learning_rate)
         optimizer.build(model.trainable_variables)
+        batch = next(task.batches(config.batch_size // devices.num_replicas,
+                                  config.seed))
+        compile_for_fit(model, optimizer, config, devices, batch)
     # A copy outside any distribution for saving.
     host_model = build_model(config, task)
-    steps = backend_module(config.backend).Steps(model, optimizer, task,
-                                                 config, devices)
     return Parts(
-        model, optimizer, schedule, host_model, steps,
+        model, optimizer, schedule, host_model,
         # Compiled once per run (eager probing cost about 3x more per
         # call), on the trained model itself, as `AttentionMonitor` probes
         # a `fit`: the weights are not copied to the host and back for it.
@@ -76,24 +99,72 @@ def build_parts(config, devices, task, learning_rate=None):
     )
 
 
-def make_evaluate(steps, task, config, devices):
-    """`evaluate()`: the weighted mean loss and accuracy over the held-out
-    set (this process's rows of it) and the task's `heldout_scalars`."""
+def compile_for_fit(model, optimizer, config, devices, batch):
+    """Compiles `model` for `fit` (in the devices' scope): the weighted
+    cross-entropy summed over positions (see the module docstring), the
+    weighted accuracy, XLA as resolved, `steps_per_call` steps a call; and
+    the backend's `adapt_model`, given `batch`, one replica's rows of a
+    training batch."""
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="sum"),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(
+            name="accuracy")],
+        jit_compile=config.jit_compile == "on",
+        steps_per_execution=steps_per_call(config),
+    )
+    backend_module(config.backend).adapt_model(model, config, devices,
+                                               batch)
+
+
+def _normalized(batch, scale):
+    tokens, targets, weights = batch
+    total = max(float(np.sum(weights, dtype=np.float64)), 1e-12)
+    return tokens, targets, (weights * (scale / total)).astype(np.float32)
+
+
+def _rows(batch, index, count):
+    rows = len(batch[0]) // count
+    return tuple(array[index * rows:(index + 1) * rows] for array in batch)
+
+
+def train_feed(task, config, devices, start_step):
+    """What `fit` reads from `start_step` on: each step's global batch
+    (a function of `(seed, step)`), its weights divided by their total,
+    this process's rows of it."""
     index, count = devices.shard
-    eval_batch = eval_batch_size(config.heldout_size, devices.num_replicas)
 
-    def evaluate():
-        totals = np.zeros(3)
-        for batch in task.heldout_batches(
-            eval_batch, num_examples=config.heldout_size, seed=config.seed,
-            shard_index=index, num_shards=count,
-        ):
-            totals += steps.eval_sums(batch)
-        weight = max(totals[2], 1e-12)
-        loss, accuracy = totals[0] / weight, totals[1] / weight
-        return loss, accuracy, task.heldout_scalars(loss, accuracy)
+    def batches():
+        for batch in task.batches(config.batch_size, config.seed,
+                                  start_step=start_step,
+                                  train_size=config.train_size):
+            yield _rows(_normalized(batch, 1.0), index, count)
 
-    return evaluate
+    return backend_module(config.backend).feed(batches, devices)
+
+
+def heldout_feed(task, config, devices):
+    """`(feed, batches)`: `feed()`, what `evaluate` reads of this process's
+    rows of the held-out set, its weights divided by the set's total weight
+    times its number of `batches`."""
+    size = eval_batch_size(config.heldout_size, devices.num_replicas)
+    heldout = list(task.heldout_batches(
+        size, num_examples=config.heldout_size, seed=config.seed))
+    total = sum(float(np.sum(batch[2], dtype=np.float64))
+                for batch in heldout)
+    scale = len(heldout) / max(total, 1e-12)
+    index, count = devices.shard
+    heldout = [_rows((tokens, targets, (weights * scale).astype(np.float32)),
+                     index, count) for tokens, targets, weights in heldout]
+
+    def batches():
+        yield from heldout
+
+    def feed():
+        return backend_module(config.backend).feed(batches, devices)
+
+    return feed, len(heldout)
 
 
 def make_diagnose(parts, probe, writer, task):
@@ -119,9 +190,6 @@ def make_diagnose(parts, probe, writer, task):
     )
 
     def diagnose(step, images=True):
-        # The steps' state into the model's variables (JAX; a copy on the
-        # device), which the probe reads.
-        parts.steps.sync()
         diagnostics = logger.probe()
         scores = _pattern_scores(diagnostics, patterns)
         # A diverged model's maps are not drawn (the dashboard refuses NaN);
@@ -136,8 +204,6 @@ def make_diagnose(parts, probe, writer, task):
         return record
 
     return diagnose
-
-
 def _pattern_scores(diagnostics, patterns):
     """`{pattern: {"chance": float, layer: [score of each head]}}` of the
     patterns that have a query in the probe batch."""

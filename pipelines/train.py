@@ -21,9 +21,10 @@ A run writes under `--logdir DIR` (see `pipelines.run_dir`):
                            gradients/<layer>/... (norms of dL/dW_Q, W_K, W_V
                            and of dL/dscores)
 
-The loop is the same on every Keras backend; a step's gradient and update
-come from the backend's module (`pipelines.backends`). Diagnostics run on a
-host copy of the model, outside the training step, on the chief only.
+The loop is Keras's `fit`, as a user trains, on every backend; what the
+run does between its steps (logs, evaluation, diagnostics on the trained
+model, checkpoints, divergence) is one callback, `pipelines.loop.RunLoop`.
+The diagnostics run on the chief only.
 
 A run killed at any point, or stopped by a full disk, and started again
 with the same command resumes from its last whole checkpoint: the data are
@@ -35,12 +36,9 @@ point, so each step is logged once (`tensorboard.open_run_logs`). One
 process writes a run directory.
 """
 
-import dataclasses
-import math
 import os
 import sys
 import time
-from typing import Optional
 
 import keras
 import numpy as np
@@ -68,10 +66,13 @@ from pipelines.run_dir import save_model
 from pipelines.run_dir import write_run_config
 from pipelines.run_dir import writing_run
 from pipelines.settings import flag
+from pipelines.loop import Progress
+from pipelines.loop import RunLoop
 from pipelines.step_display import StepDisplay
 from pipelines.steps import build_parts
+from pipelines.steps import heldout_feed
 from pipelines.steps import make_diagnose
-from pipelines.steps import make_evaluate
+from pipelines.steps import train_feed
 from pipelines.tensorboard import open_run_logs
 from pipelines.tensorboard import write_run_header
 
@@ -169,7 +170,7 @@ def train(config, return_model=False, hparams_experiment=True, reuse=None,
             (TensorBoard reads one experiment per logdir).
         reuse: optional `reuse(config, devices, task)` returning the
             `pipelines.steps.Parts` to train with, in place of
-            `build_parts` (a grid keeps its compiled steps across runs).
+            `build_parts` (a grid keeps its compiled model across runs).
         progress: optional `progress(step)`, called at each log interval.
 
     Returns:
@@ -227,18 +228,17 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
            on_log):
     logdir, steps, chief = config.logdir, config.steps, devices.chief
 
-    # -------- model, optimizer and compiled steps, identical on every
-    # replica and worker; or those of an earlier run of the same shapes,
-    # reset to this run's initial weights (a grid's `reuse`).
+    # -------- the model, compiled for `fit` and identical on every replica
+    # and worker; or that of an earlier run of the same shapes, reset to
+    # this run's initial weights (a grid's `reuse`).
     parts = (build_parts if reuse is None else reuse)(config, devices, task)
-    host_model = parts.host_model
+    model = parts.model
 
     # -------- checkpoint: resume where the last run of this command stopped,
     # with the loop's state saved beside the weights.
-    checkpoints = Checkpoints(logdir, parts.model, parts.optimizer, chief)
+    checkpoints = Checkpoints(logdir, model, parts.optimizer, chief)
     start_step = checkpoints.start_step
-    progress = _Progress.restored(checkpoints.restored)
-    parts.steps.reload()
+    progress = Progress.restored(checkpoints.restored)
 
     probe = build_probe_batch(config, task)
     if start_step == 0:  # Before anything is written.
@@ -253,65 +253,39 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
 
     # -------- data: every step's global batch is a function of (seed, step);
     # this process feeds its rows of it.
-    index, count = devices.shard
-    train_data = task.batches(
-        config.batch_size, config.seed, start_step=start_step,
-        train_size=config.train_size, shard_index=index, num_shards=count)
-    evaluate = make_evaluate(parts.steps, task, config, devices)
+    heldout, heldout_batches = heldout_feed(task, config, devices)
+
+    def evaluate():
+        return model.evaluate(heldout(), steps=heldout_batches, verbose=0,
+                              return_dict=True)
+
     diagnose = make_diagnose(parts, probe, logs.eval, task)
 
-    # -------- the loop.
-    progbar = StepDisplay(steps, config.verbose if chief else 0,
+    # -------- the loop: Keras's `fit`, the run's work between its calls.
+    display = StepDisplay(steps, config.verbose if chief else 0,
                           config.log_every)
-    progbar.update(min(start_step, steps))
+    display.update(min(start_step, steps))
     if start_step == 0:
-        progress.evaluated(0, *evaluate(), logs.eval)
+        progress.evaluated(0, evaluate(), task, logs.eval)
         if chief:
             progress.diagnostics_init = diagnose(0)
-    step = start_step
-    clock = _Clock()
-    while step < steps:
-        loss, accuracy = parts.steps.train_step(next(train_data))
-        if clock.first_step is None:
-            float(loss)  # Waits for the first step: tracing, compiling.
-            clock.first_step = time.time() - clock.start
-        step += 1
-        progress.window.append((loss, accuracy))
-        if _due(step, config.log_every, steps):
-            mean_loss = _log_window(progress.window, step, clock,
-                                    parts.schedule, logs.train, progbar,
-                                    config.batch_size)
-            progress.window = []
-            on_log(step)
-            if not math.isfinite(mean_loss):
-                progress.diverged_at = step
-                break
-        pause_start = time.time()
-        if _due(step, config.eval_every, steps):
-            progress.evaluated(step, *evaluate(), logs.eval)
-            if not math.isfinite(progress.heldout_loss):
-                progress.diverged_at = step
-                break
-            progbar.update(step, values=[
-                ("heldout_accuracy", round(progress.heldout_accuracy, 4))
-            ])
-        if chief and _due(step, config.diagnostics_every, steps):
-            progress.diagnostics_final = diagnose(
-                step, images=_due(step, config.heatmap_every, steps))
-        if _due(step, config.checkpoint_every, steps):
-            parts.steps.sync()
-            # Non-finite weights are not saved (the last good checkpoints
-            # stay); the loss stops the loop at its next log or evaluation.
-            checkpoints.save(step, logs)
-        clock.pause(time.time() - pause_start)
-    steps_per_second, train_time = clock.steps_per_second(step - start_step)
+    loop = RunLoop(config, start_step, progress, logs, evaluate, task,
+                   diagnose, checkpoints, parts.schedule, display, on_log,
+                   chief)
+    if start_step < steps:
+        model.fit(train_feed(task, config, devices, start_step),
+                  steps_per_epoch=steps - start_step, callbacks=[loop],
+                  shuffle=False,
+                  verbose=0)
+    step = loop.step
+    steps_per_second, train_time = loop.steps_per_second()
 
     # -------- the end. The last step was evaluated and diagnosed in the
     # loop, or before the final checkpoint this run resumed from.
     if progress.diverged_at is None:
         parts.synced_host_model()
         if chief:
-            save_model(host_model, os.path.join(logdir, MODEL_FILE))
+            save_model(parts.host_model, os.path.join(logdir, MODEL_FILE))
     steps_to_target = next((s for s, accuracy in progress.history
                             if accuracy >= config.target_accuracy), None)
     if steps_to_target is not None and chief:
@@ -330,7 +304,7 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
         "resumed_from_step": start_step,
         "wall_time_s": time.time() - start_time,
         "train_time_s": train_time,
-        "first_step_time_s": clock.first_step,
+        "first_step_time_s": loop.first_step,
         "steps_per_s": steps_per_second,
         "examples_per_s": steps_per_second * config.batch_size,
         "steps_to_target": steps_to_target,
@@ -351,109 +325,4 @@ def _train(config, devices, task, start_time, hparams_experiment, reuse,
         write_json_atomic(os.path.join(logdir, METRICS_FILE), metrics)
         if config.export is not None and progress.diverged_at is None:
             export_run(logdir, config.export)
-    return metrics, host_model
-
-
-# ------------------------------------------------------- the loop's parts
-def _due(step, every, last):
-    """Whether a thing done every `every` steps (and at the last) is due."""
-    return step % every == 0 or step == last
-
-
-@dataclasses.dataclass
-class _Progress:
-    """What the loop has measured so far: saved in each checkpoint
-    (`state`), read back by the run that resumes from it (`restored`)."""
-
-    history: list = dataclasses.field(default_factory=list)
-    diagnostics_init: Optional[dict] = None
-    diagnostics_final: Optional[dict] = None
-    heldout_loss: Optional[float] = None
-    heldout_accuracy: Optional[float] = None
-    task: dict = dataclasses.field(default_factory=dict)  # heldout_scalars
-    # The `(loss, accuracy)` of each step since the last train log: a
-    # checkpoint between two logs keeps the next log's mean whole.
-    window: list = dataclasses.field(default_factory=list)
-    # `RunLogs.extent()` at the checkpoint, to cut the event files back to.
-    logs: Optional[dict] = None
-    diverged_at: Optional[int] = None  # Not saved: no save follows it.
-
-    @classmethod
-    def restored(cls, state):
-        """The progress `state()` saved, or a new one for `None`."""
-        if state is None:
-            return cls()
-        return cls(**{field.name: state[field.name]
-                      for field in dataclasses.fields(cls)
-                      if field.name != "diverged_at"})
-
-    def state(self, logs):
-        """The JSON-able progress, the event files' extent from `logs`."""
-        state = {field.name: getattr(self, field.name)
-                 for field in dataclasses.fields(self)
-                 if field.name != "diverged_at"}
-        state["window"] = [[float(loss), float(accuracy)]
-                           for loss, accuracy in self.window]
-        state["logs"] = logs.extent()
-        return state
-
-    def evaluated(self, step, loss, accuracy, task_scalars, writer):
-        """Records and logs a held-out evaluation at `step`."""
-        self.heldout_loss, self.heldout_accuracy = loss, accuracy
-        self.task = task_scalars
-        self.history.append((step, accuracy))
-        writer.scalars({"loss": loss, "accuracy": accuracy, **task_scalars},
-                       step)
-
-
-class _Clock:
-    """Training time, leaving out the pauses for evaluation, diagnostics and
-    checkpoints, over the whole loop and over the current log window."""
-
-    def __init__(self):
-        self.start = self.window_start = time.time()
-        self.paused = self.window_paused = 0.0
-        self.first_step = None
-
-    def pause(self, seconds):
-        self.paused += seconds
-        self.window_paused += seconds
-
-    def window_seconds(self):
-        return max(time.time() - self.window_start - self.window_paused, 1e-9)
-
-    def new_window(self):
-        self.window_start, self.window_paused = time.time(), 0.0
-
-    def steps_per_second(self, steps_run):
-        """`(steps/s, training seconds)` of the loop. Throughput leaves out
-        the first step, which traces and compiles."""
-        train_time = max(time.time() - self.start - self.paused, 1e-9)
-        if steps_run > 1 and train_time > self.first_step:
-            return (steps_run - 1) / (train_time - self.first_step), train_time
-        return steps_run / train_time, train_time
-
-
-def _log_window(window, step, clock, schedule, writer, progbar, batch_size):
-    """Logs a window of `(loss, accuracy)` steps' means, the learning rate
-    and the throughput; returns the mean loss."""
-    mean_loss = float(np.mean([float(loss) for loss, _ in window]))
-    mean_accuracy = float(np.mean([float(accuracy) for _, accuracy in window]))
-    steps_per_second = len(window) / clock.window_seconds()
-    writer.scalars(
-        {
-            "loss": mean_loss,
-            "accuracy": mean_accuracy,
-            "learning_rate": float(schedule(step - 1)),
-            "steps_per_second": steps_per_second,
-            "examples_per_second": steps_per_second * batch_size,
-        },
-        step,
-    )
-    progbar.update(step, values=[
-        ("loss", round(mean_loss, 4)),
-        ("accuracy", round(mean_accuracy, 4)),
-        ("steps/s", round(steps_per_second, 1)),
-    ])
-    clock.new_window()
-    return mean_loss
+    return metrics, parts.host_model

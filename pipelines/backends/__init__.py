@@ -1,10 +1,12 @@
 """The backend-specific part of training: one small module per Keras backend.
 
-As in Keras's own `keras/src/backend/<name>/trainer.py`, each module
-provides `open_devices(strategy)` returning a `Devices`, `prepare(config)`
-for process-wide switches, and `Steps(model, optimizer, task, config,
-devices)` with `train_step(batch)`, `eval_sums(batch)`, `sync()` and
-`reload()`. Only the running backend's module is imported
+Training is Keras's `fit` on every backend; each module provides
+`open_devices(strategy)` returning a `Devices`, `prepare(config)` for
+process-wide switches, `feed(batches, devices)`, what `fit` reads from a
+generator function of this process's batches, and
+`adapt_model(model, config, devices, batch)`, what Keras's trainer needs
+changed for the run (a train step where Keras's cannot do its update). Only the running
+backend's module is imported
 (`backend_module`); this `__init__` imports no framework, as the command
 line reads `BACKENDS` before Keras is imported.
 """
@@ -29,6 +31,8 @@ class Devices(NamedTuple):
             in (their variables placed on the devices).
         device_count: the accelerator devices visible to this process.
         handle: the framework's distribution object, or `None`.
+        deterministic: whether the process already runs deterministic ops
+            (TensorFlow's op determinism, once on, stays on).
     """
 
     backend: str
@@ -40,6 +44,7 @@ class Devices(NamedTuple):
     scope: Callable
     device_count: int
     handle: object
+    deterministic: bool = False
 
 
 def backend_from_argv(argv):

@@ -1,18 +1,18 @@
-"""Training steps on TensorFlow: `tf.GradientTape` under `tf.function`, over
-a `tf.distribute` strategy (default, mirrored, multi-worker or TPU).
+"""Devices on TensorFlow, for Keras's own TensorFlow trainer: a
+`tf.distribute` strategy (default, mirrored, multi-worker or TPU), the data
+`fit` reads under it, and the train step where Keras's cannot clip or
+scale the loss across replicas.
 
 Every process computes the global batch of a step and each replica takes
-its rows of it, so the data are the same whatever the strategy. The
-variables are TensorFlow's own, updated in place: `sync()` and `reload()`
-have nothing to do.
+its rows of it, so the data are the same whatever the strategy.
 """
 
 import json
 import os
 
-import keras
-import numpy as np
 import tensorflow as tf
+# Where Keras reads it (`trainers/trainer.py`, `model_supports_jit`).
+from tensorflow.python.framework import config as tf_config
 
 from pipelines.backends import Devices
 from pipelines.common import UsageError
@@ -122,6 +122,7 @@ def open_devices(strategy):
         scope=lambda: strategy.scope(),
         device_count=max(len(tf.config.list_logical_devices("GPU")), 1),
         handle=strategy,
+        deterministic=tf_config.is_op_determinism_enabled(),
     )
 
 
@@ -131,139 +132,113 @@ def prepare(config):
         tf.config.experimental.enable_op_determinism()
 
 
-class Steps:
-    """The compiled train and evaluation steps of `model` on TensorFlow
-    (arguments as for `pipelines.backends._jax.Steps`)."""
+def feed(batches, devices):
+    """What `fit` reads: the generator of `batches()` (global batches) on
+    one replica; over several, a distributed dataset in which replica `r`
+    of the global batch's `R` takes rows `[r * n, (r + 1) * n)`, on every
+    worker alike (each builds the global batch)."""
+    strategy = devices.handle
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return batches()
+    first = next(batches())
+    rows = first[0].shape[0] // replicas
+    signature = tuple(tf.TensorSpec((rows,) + array.shape[1:], array.dtype)
+                      for array in first)
 
-    def __init__(self, model, optimizer, task, config, devices):
-        strategy = devices.handle
-        self._strategy = strategy
-        self._replicas = strategy.num_replicas_in_sync
-        self._train_step = _make_train_step(model, optimizer, task, strategy,
-                                            config)
-        self._eval_step = _make_eval_step(model, task, strategy)
+    def dataset(context):
+        local = replicas // context.num_input_pipelines
+        replica = context.input_pipeline_id * local
 
-    def _distribute(self, batch):
-        """The replicas' rows of a global batch."""
-        if self._replicas == 1:
-            return tuple(tf.convert_to_tensor(array) for array in batch)
-        rows = batch[0].shape[0] // self._replicas
+        def replica_rows():
+            # The pipeline's replicas take its elements in turn.
+            for batch in batches():
+                for index in range(replica, replica + local):
+                    yield tuple(array[index * rows:(index + 1) * rows]
+                                for array in batch)
 
-        def replica_rows(context):
-            start = context.replica_id_in_sync_group * rows
-            return tuple(array[start:start + rows] for array in batch)
+        return tf.data.Dataset.from_generator(
+            replica_rows, output_signature=signature)
 
-        return self._strategy.experimental_distribute_values_from_function(
-            replica_rows
-        )
-
-    def train_step(self, batch):
-        """One update on the global `batch`; returns the mean loss and
-        accuracy."""
-        return self._train_step(self._distribute(batch))
-
-    def eval_sums(self, batch):
-        """`[loss sum, correct sum, weight sum]` of one held-out batch."""
-        return np.array([float(value) for value in
-                         self._eval_step(self._distribute(batch))])
-
-    def sync(self):
-        """Nothing to do: the variables are updated in place."""
-
-    def reload(self):
-        """Nothing to do: the step reads the variables themselves."""
+    return strategy.distribute_datasets_from_function(dataset)
 
 
-def _make_train_step(model, optimizer, task, strategy, config):
-    num_replicas = strategy.num_replicas_in_sync
-    jit_compile = config.jit_compile == "on"
-    # The gradients are all-reduced in the step (rather than only inside the
-    # optimizer) when the optimizer must see the global gradient: to clip
-    # its norm, or to skip a loss-scaled step on every replica alike.
-    aggregate_in_step = num_replicas > 1 and (
-        config.clip_norm is not None or config.precision == "mixed_float16"
-    )
-    # The norm of an embedding's sparse gradient is taken over its unsummed
-    # slices, wrong when a token repeats in the batch, so clipping takes
-    # dense gradients; so does the in-step all-reduce.
-    densify_gradients = config.clip_norm is not None or aggregate_in_step
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+def adapt_model(model, config, devices, batch):
+    """Fits Keras's TensorFlow trainer to the run: its train step where
+    Keras's cannot do the run's update (`_train_step`); under
+    `MultiWorkerMirroredStrategy`, its symbolic build from `batch` (numpy
+    arrays of one replica's shapes): Keras 3.15's own first reduces a
+    distributed batch across the workers, which fails there ("Attempt to
+    convert a value (PerReplica...) to a Tensor"), in `fit` and `evaluate`
+    alike, and needs only the shapes; and steps whose logs are vectors of
+    one value: Keras reduces a step's logs over the workers along their
+    axis 0, which a scalar lacks ("Invalid reduction dimension 0"); the
+    logs are the metrics' results, the same on every replica."""
+    step = _train_step(config, devices)
+    if step is not None:
+        # An instance attribute, as a subclass's method would be: the model
+        # stays the plain functional one that is saved.
+        model.train_step = step.__get__(model)
+    if isinstance(devices.handle, tf.distribute.MultiWorkerMirroredStrategy):
+        model._maybe_symbolic_build = (  # noqa: SLF001
+            lambda iterator=None, data_batch=None: model._symbolic_build(
+                data_batch=batch))
+        model.train_step = _vector_logs(model.train_step)
+        model.test_step = _vector_logs(model.test_step)
 
-    def forward_backward(tokens, targets, weights, global_weight):
+
+def _vector_logs(step):
+    def vector_step(data):
+        return {name: tf.reshape(value, (1,))
+                for name, value in step(data).items()}
+
+    return vector_step
+
+
+def _train_step(config, devices):
+    """The train step for `fit` where Keras's cannot do the run's update,
+    else `None`.
+
+    Keras clips each replica's gradient before the optimizer all-reduces
+    them, and takes the norm of an embedding's sparse gradient over its
+    unsummed slices (wrong when a token repeats in the batch: 9% of a
+    clipped step on a 4-token check); its loss scaling would check each
+    replica's own gradient. With `--clip-norm`, or `mixed_float16` over
+    several replicas, this step densifies the gradients and all-reduces
+    them first, so the optimizer clips and checks the global gradient
+    (each replica hands it `g / R`, which it sums again; its clip norm is
+    scaled alike by `build_optimizer`).
+    """
+    replicas = devices.num_replicas
+    if config.clip_norm is None and not (
+            replicas > 1 and config.precision == "mixed_float16"):
+        return None
+
+    def train_step(model, data):
+        x, y, sample_weight = data
         with tf.GradientTape() as tape:
-            logits = tf.cast(model(tokens, training=True), tf.float32)
-            loss_sum, correct = task.weighted_sums(targets, logits, weights)
-            # Dividing by the global weight makes the replicas' summed
-            # gradients the gradient of the global-batch mean loss.
-            loss = loss_sum / global_weight
-            objective = optimizer.scale_loss(loss) if scaled else loss
-        gradients = tape.gradient(objective, model.trainable_variables)
-        return loss, correct / global_weight, gradients
-
-    def densify(gradients):
-        if not densify_gradients:
-            return gradients
-        return [tf.reshape(tf.convert_to_tensor(g), v.shape)
-                for g, v in zip(gradients, model.trainable_variables)]
-
-    def forward_backward_update(tokens, targets, weights, global_weight):
-        loss, accuracy, gradients = forward_backward(
-            tokens, targets, weights, global_weight
-        )
-        optimizer.apply(densify(gradients), model.trainable_variables)
-        return loss, accuracy
-
-    # With one replica XLA compiles the whole step, update included; with
-    # several, the optimizer's cross-replica update stays outside it.
-    if jit_compile and num_replicas == 1:
-        forward_backward_update = tf.function(
-            forward_backward_update, jit_compile=True, autograph=False
-        )
-    elif jit_compile:
-        forward_backward = tf.function(
-            forward_backward, jit_compile=True, autograph=False
-        )
-
-    def replica_step(tokens, targets, weights):
-        context = tf.distribute.get_replica_context()
-        global_weight = tf.maximum(
-            context.all_reduce(tf.distribute.ReduceOp.SUM,
-                               tf.reduce_sum(weights)),
-            1e-12,
-        )
-        if not aggregate_in_step:
-            return forward_backward_update(tokens, targets, weights,
-                                           global_weight)
-        loss, accuracy, gradients = forward_backward(
-            tokens, targets, weights, global_weight
-        )
-        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                       densify(gradients))
-        gradients = [g / num_replicas for g in gradients]
-        optimizer.apply(gradients, model.trainable_variables)
-        return loss, accuracy
-
-    @tf.function(autograph=False)
-    def train_step(batch):
-        loss, accuracy = strategy.run(replica_step, args=batch)
-        return (
-            strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),
-            strategy.reduce(tf.distribute.ReduceOp.SUM, accuracy, axis=None),
-        )
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
+                                      sample_weight=sample_weight,
+                                      training=True)
+            scaled = model.optimizer.scale_loss(loss)
+        gradients = [
+            tf.reshape(tf.convert_to_tensor(gradient), variable.shape)
+            for gradient, variable in zip(
+                tape.gradient(scaled, model.trainable_variables),
+                model.trainable_variables)]
+        if replicas > 1:
+            context = tf.distribute.get_replica_context()
+            gradients = [gradient / replicas for gradient in
+                         context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                            gradients)]
+        model.optimizer.apply(gradients, model.trainable_variables)
+        for metric in model.metrics:
+            if metric.name == "loss":
+                # As Keras's step: the replicas' mean of `R` times theirs.
+                metric.update_state(loss * replicas,
+                                    sample_weight=tf.shape(x)[0])
+        return model.compute_metrics(x, y, y_pred,
+                                     sample_weight=sample_weight)
 
     return train_step
-
-
-def _make_eval_step(model, task, strategy):
-    def replica_eval(tokens, targets, weights):
-        logits = tf.cast(model(tokens, training=False), tf.float32)
-        loss_sum, correct = task.weighted_sums(targets, logits, weights)
-        return loss_sum, correct, tf.reduce_sum(weights)
-
-    @tf.function(autograph=False)
-    def eval_step(batch):
-        sums = strategy.run(replica_eval, args=batch)
-        return [strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-                for value in sums]
-
-    return eval_step

@@ -1,4 +1,4 @@
-"""Compiled steps kept across the runs of a grid that share their shapes.
+"""Compiled models kept across the runs of a grid that share their shapes.
 
 Built afresh, each run would trace and compile its train step, evaluation
 and probe and build its optimizer: about 3.5 s a run at d_k 1024 on 2 CPU
@@ -18,6 +18,7 @@ from pipelines.builders import build_model
 from pipelines.builders import seed_run
 from pipelines.settings import PER_RUN
 from pipelines.steps import build_parts
+from pipelines.steps import steps_per_call
 
 
 def shape_key(config):
@@ -41,7 +42,9 @@ class CompiledRuns:
         # constant schedule without warmup may change `steps` between runs.
         fixed = config.lr_schedule == "constant" and config.warmup_steps == 0
         key = shape_key(config) + (
-            ("schedule_steps", None if fixed else config.steps),)
+            ("schedule_steps", None if fixed else config.steps),
+            # Compiled into `fit`'s train function.
+            ("steps_per_call", steps_per_call(config)))
         if config.backend == "jax":
             # jax.jit reads a variable outside the stateless state (the
             # peak rate) once, when it traces: a new rate needs a new trace.
@@ -59,8 +62,7 @@ class CompiledRuns:
                                    self._optimizer_start):
             variable.assign(value)
         self._learning_rate.assign(float(config.learning_rate))
-        # The backend's steps take these values in `train`, after the
-        # checkpoint restore (`Steps.reload`).
+        # `fit` keeps the model's compiled train and test functions.
         self.reuses += 1
         return parts
 
