@@ -85,8 +85,8 @@ def time_trainer(config, warmup, contexts=()):
     `contexts` and times its steps after step `warmup`.
 
     The clocks are read at the trainer's log intervals (its `progress`
-    argument), which come right after it has read every step's loss of the
-    window to the host: from the log at step `warmup` (a multiple of
+    argument), which come right after it has read the window's metrics to
+    the host: from the log at step `warmup` (a multiple of
     `config.log_every`) to the log at the last step. What the loop does in
     between is timed with the steps (logging; diagnostics when due);
     evaluation, the checkpoint and the diagnostics at the end come after.

@@ -5,9 +5,10 @@ Runs, in one process on the Keras backend `--backend` names (default:
 KERAS_BACKEND, else tensorflow), each variant as a whole training run of
 `--steps` steps of the task's stream:
 
-* `ours`: `pipelines.train.train(config)` on a temporary log directory, the
-  pipeline's own loop (one compiled call per step), evaluation and
-  checkpoints at the end only, diagnostics at step 0 and at the end only;
+* `ours`: `pipelines.train.train(config)` on a temporary log directory:
+  Keras's `fit` with the run's callback (`pipelines.loop.RunLoop`), at
+  the steps per call dividing its intervals, evaluation and checkpoints
+  at the end only, diagnostics at step 0 and at the end only;
 * `fit, 1 step/call` and `fit, N steps/call`: `Model.fit` on the same model
   (`build_model`, the same initial weights), the same optimizer and
   schedule (`build_optimizer`), the task's weighted cross-entropy as
@@ -25,7 +26,7 @@ Each run's clocks (`time.perf_counter` for wall time and
 `time.process_time` for this process's CPU time, all threads) are read
 around its steps after a warm-up of `--warmup` steps (rounded up to a
 multiple of `log_every`): for the trainer at its log intervals, right after
-it has read a window's losses to the host; for `fit` at the start and end
+it has read a window's metrics to the host; for `fit` at the start and end
 of the epoch of a second `fit` that follows a first, untimed, warm-up
 `fit`. So compiling is left out of the step time and reported apart
 (`start s`: build, compile and warm-up steps). The variants run once per
