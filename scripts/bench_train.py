@@ -122,6 +122,7 @@ from _bench import keras
 from pipelines.devices import open_run_devices
 from pipelines.engine.presets import COMPARE_PRESETS
 from pipelines.settings import TrainConfig
+from pipelines.steps import steps_per_call
 
 PROG = "bench_train.py"
 TASKS = ("recall", "reverse", "sort", "copy")
@@ -237,7 +238,8 @@ def fit_steps_per_call(args, config):
 # ------------------------------------------------------------- the runs
 def variants(config, task, warmup, per_call, diagnostics_every, durations):
     """`{name: (steps per call, run)}`, `run()` giving `(Timing, model)`."""
-    runs = {OURS: (1, lambda: _training.time_trainer(config, warmup))}
+    runs = {OURS: (steps_per_call(config),
+                   lambda: _training.time_trainer(config, warmup))}
     for steps in dict.fromkeys((1, per_call)):
         runs[f"fit, {steps} step{'s' * (steps > 1)}/call"] = (
             steps, lambda steps=steps: _training.time_fit(
@@ -250,9 +252,10 @@ def variants(config, task, warmup, per_call, diagnostics_every, durations):
                 config, task, warmup, per_call, scan=True))
     if diagnostics_every is not None:
         diagnosed = config.replace(diagnostics_every=diagnostics_every)
-        runs[DIAGNOSED] = (1, lambda: _training.time_trainer(
-            diagnosed, warmup,
-            [_training.timed_diagnostics(durations)]))
+        runs[DIAGNOSED] = (steps_per_call(diagnosed), lambda: (
+            _training.time_trainer(
+                diagnosed, warmup,
+                [_training.timed_diagnostics(durations)])))
     return runs
 
 

@@ -12,6 +12,7 @@ import contextlib
 import jax
 import keras
 
+from keras_attention import scan_train_steps
 from pipelines.backends import Devices
 from pipelines.common import UsageError
 
@@ -68,7 +69,9 @@ def feed(batches, devices):
 
 
 def adapt_model(model, config, devices, batch):
-    """Nothing: Keras's JAX trainer does the run's update as it is (one
-    SPMD program: the clipping and the loss scaling see the global
-    gradient)."""
-    del model, config, devices, batch
+    """The steps of one `fit` call in one compiled `lax.scan`
+    (`scan_train_steps`: Keras 3.15.1 dispatches one jitted call a step).
+    Keras's JAX step does the run's update as it is (one SPMD program:
+    the clipping and the loss scaling see the global gradient)."""
+    del config, devices, batch
+    scan_train_steps(model)
