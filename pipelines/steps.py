@@ -141,7 +141,8 @@ def train_feed(task, config, devices, start_step):
                                   train_size=config.train_size):
             yield _rows(_normalized(batch, 1.0), index, count)
 
-    return backend_module(config.backend).feed(batches, devices)
+    return backend_module(config.backend).feed(batches, devices,
+                                               config.steps - start_step)
 
 
 def heldout_feed(task, config, devices):
@@ -162,7 +163,8 @@ def heldout_feed(task, config, devices):
         yield from heldout
 
     def feed():
-        return backend_module(config.backend).feed(batches, devices)
+        return backend_module(config.backend).feed(batches, devices,
+                                                   len(heldout))
 
     return feed, len(heldout)
 

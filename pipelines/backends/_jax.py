@@ -12,7 +12,7 @@ import contextlib
 import jax
 import keras
 
-from keras_attention import scan_train_steps
+from keras_attention.scan_steps import scan_train_steps
 from pipelines.backends import Devices
 from pipelines.common import UsageError
 
@@ -60,11 +60,11 @@ def prepare(config):
     del config
 
 
-def feed(batches, devices):
+def feed(batches, devices, count):
     """What `fit` reads: the generator of `batches()`, this process's rows
     (Keras places them on the devices and, under `DataParallel`, makes the
     global arrays of them)."""
-    del devices
+    del devices, count
     return batches()
 
 

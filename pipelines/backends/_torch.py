@@ -33,9 +33,9 @@ def prepare(config):
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def feed(batches, devices):
+def feed(batches, devices, count):
     """What `fit` reads: the generator of `batches()`."""
-    del devices
+    del devices, count
     return batches()
 
 

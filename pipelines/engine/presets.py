@@ -154,11 +154,11 @@ COMPARE_PRESETS = {
         axes={"key_dim": (16, 64, 256, 1024)}, trained={"key_dim": (1024,)},
         options={"variance_samples": 20000},
         # Six runs of 1000 steps at d_k 1024; two workers ("auto",
-        # `runner.resolve_jobs`) train three each: 197 s in all on 2 idle
-        # cores with Keras's `fit` (2026-12-04; 55-62 s a run), 150 s with
+        # `runner.resolve_jobs`) train three each: 152 s in all on 2 idle
+        # cores with Keras's `fit` (2026-12-04; 37-47 s a run), 150 s with
         # the hand-written loop before it, the same report. Init probes,
         # figures and the report take the rest.
-        jobs=0, expected="about 3 minutes on 2 idle CPU cores"),
+        jobs=0, expected="about 2 to 3 minutes on 2 idle CPU cores"),
     # Every arm trained at every d_k, five seeds: for a GPU.
     "full": Preset(
         task="recall", arms=tuple(ARMS), seeds=5,
