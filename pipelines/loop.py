@@ -102,7 +102,9 @@ class RunLoop(keras.callbacks.Callback):
         now = time.time()
         self.start = self.window_start = now
         self.paused = self.window_paused = 0.0
-        self.first_step = None
+        # Seconds to the end of `fit`'s first call (tracing, compiling) and
+        # the steps it ran.
+        self.first_step, self.first_steps = None, 0
 
     # ------------------------------------------------------------ fit hooks
     def on_train_batch_begin(self, batch, logs=None):
@@ -110,7 +112,7 @@ class RunLoop(keras.callbacks.Callback):
             return
         if self.first_step is None:
             # The first call has been traced, compiled and dispatched.
-            self.first_step = time.time() - self.start
+            self.first_step, self.first_steps = time.time() - self.start, batch
         self._at(self.start_step + batch)
 
     def on_train_end(self, logs=None):
@@ -192,9 +194,10 @@ class RunLoop(keras.callbacks.Callback):
         the first call, which traces and compiles."""
         steps_run = self.step - self.start_step
         train_time = max(time.time() - self.start - self.paused, 1e-9)
-        first = self.first_step or 0.0
-        if steps_run > 1 and train_time > first:
-            return (steps_run - 1) / (train_time - first), train_time
+        if self.first_step is not None and steps_run > self.first_steps \
+                and train_time > self.first_step:
+            return ((steps_run - self.first_steps)
+                    / (train_time - self.first_step), train_time)
         return steps_run / train_time, train_time
 
 
