@@ -99,6 +99,8 @@ class RunLoop(keras.callbacks.Callback):
         self.checkpoints, self.schedule = checkpoints, schedule
         self.display, self.on_log, self.chief = display, on_log, chief
         self.step = self.window_step = start_step
+        # The step whose metrics were last moved to `progress.window`.
+        self.kept_at = None
         now = time.time()
         self.start = self.window_start = now
         self.paused = self.window_paused = 0.0
@@ -136,7 +138,7 @@ class RunLoop(keras.callbacks.Callback):
         pause_start = time.time()
         if due(step, config.eval_every, steps):
             # `evaluate` resets `fit`'s metrics: the window so far is kept.
-            progress.window = _window(progress.window, model)
+            self._keep_window(model, step)
             results = self.evaluate()
             model.reset_metrics()
             progress.evaluated(step, results, self.task, self.logs.eval)
@@ -148,8 +150,7 @@ class RunLoop(keras.callbacks.Callback):
             progress.diagnostics_final = self.diagnose(
                 step, images=due(step, config.heatmap_every, steps))
         if due(step, config.checkpoint_every, steps):
-            progress.window = _window(progress.window, model)
-            model.reset_metrics()
+            self._keep_window(model, step)
             # Non-finite weights are not saved (the last good checkpoints
             # stay); the loss stops the loop at its next log or evaluation.
             self.checkpoints.save(step, self.logs)
@@ -160,12 +161,12 @@ class RunLoop(keras.callbacks.Callback):
     def _log_window(self, model, step):
         """Logs the window's mean loss and accuracy (`fit`'s metrics, then
         reset), the learning rate and the throughput; returns the loss."""
-        # The sums and counts of the loss tracker and the accuracy.
-        loss_sum, loss_count, correct, weight = _window(self.progress.window,
-                                                        model)
+        # The sums and counts of the loss tracker and the accuracy, and the
+        # learning rate, in the log's one transfer.
+        (loss_sum, loss_count, correct, weight), (learning_rate,) = \
+            self._keep_window(model, step, [self.schedule(step - 1)])
         loss = loss_sum / max(loss_count, 1e-12)
         accuracy = correct / max(weight, 1e-12)
-        model.reset_metrics()
         self.progress.window = None
         now = time.time()
         seconds = max(now - self.window_start - self.window_paused, 1e-9)
@@ -175,7 +176,7 @@ class RunLoop(keras.callbacks.Callback):
         self.logs.train.scalars({
             "loss": loss,
             "accuracy": accuracy,
-            "learning_rate": float(self.schedule(step - 1)),
+            "learning_rate": learning_rate,
             "steps_per_second": steps_per_second,
             "examples_per_second": steps_per_second * self.config.batch_size,
         }, step)
@@ -184,6 +185,24 @@ class RunLoop(keras.callbacks.Callback):
             ("steps/s", round(steps_per_second, 1))])
         self.on_log(step)
         return loss
+
+    def _keep_window(self, model, step, extra=()):
+        """Adds `fit`'s metric sums to `progress.window` and resets them,
+        once a step (they are zero after); returns the window and the
+        values of the `extra` scalars, fetched in the same transfer."""
+        if self.kept_at == step and not extra:
+            return self.progress.window, []
+        values = keras.ops.convert_to_numpy(keras.ops.stack([
+            keras.ops.cast(value, "float32") for value in
+            [*model.metrics_variables, *extra]])).astype(np.float64)
+        count = len(values) - len(extra)
+        window = values[:count]
+        if self.progress.window is not None:
+            window = window + np.asarray(self.progress.window)
+        self.progress.window = window.tolist()
+        model.reset_metrics()
+        self.kept_at = step
+        return self.progress.window, values[count:].tolist()
 
     def _diverged(self, step):
         self.progress.diverged_at = step
@@ -199,15 +218,3 @@ class RunLoop(keras.callbacks.Callback):
             return ((steps_run - self.first_steps)
                     / (train_time - self.first_step), train_time)
         return steps_run / train_time, train_time
-
-
-def _window(window, model):
-    """`window`, the sums and counts of `fit`'s metrics kept so far
-    (`None`: none), plus their values now on the device (one transfer:
-    the metric variables, stacked)."""
-    values = keras.ops.convert_to_numpy(keras.ops.stack([
-        keras.ops.cast(variable, "float32")
-        for variable in model.metrics_variables])).astype(np.float64)
-    if window is not None:
-        values = values + np.asarray(window)
-    return [float(value) for value in values]

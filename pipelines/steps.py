@@ -85,9 +85,7 @@ def build_parts(config, devices, task, learning_rate=None):
         optimizer, schedule = build_optimizer(config, devices.num_replicas,
                                               learning_rate)
         optimizer.build(model.trainable_variables)
-        batch = next(task.batches(config.batch_size // devices.num_replicas,
-                                  config.seed))
-        compile_for_fit(model, optimizer, config, devices, batch)
+        compile_for_fit(model, optimizer, config, devices)
     # A copy outside any distribution for saving.
     host_model = build_model(config, task)
     return Parts(
@@ -99,12 +97,11 @@ def build_parts(config, devices, task, learning_rate=None):
     )
 
 
-def compile_for_fit(model, optimizer, config, devices, batch):
+def compile_for_fit(model, optimizer, config, devices):
     """Compiles `model` for `fit` (in the devices' scope): the weighted
     cross-entropy summed over positions (see the module docstring), the
     weighted accuracy, XLA as resolved, `steps_per_call` steps a call; and
-    the backend's `adapt_model`, given `batch`, one replica's rows of a
-    training batch."""
+    the backend's `adapt_model`."""
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(
@@ -114,14 +111,14 @@ def compile_for_fit(model, optimizer, config, devices, batch):
         jit_compile=config.jit_compile == "on",
         steps_per_execution=steps_per_call(config),
     )
-    backend_module(config.backend).adapt_model(model, config, devices,
-                                               batch)
+    backend_module(config.backend).adapt_model(model, config, devices)
 
 
-def _normalized(batch, scale):
+def _normalized(batch):
+    """`batch` with its weights divided by their total."""
     tokens, targets, weights = batch
     total = max(float(np.sum(weights, dtype=np.float64)), 1e-12)
-    return tokens, targets, (weights * (scale / total)).astype(np.float32)
+    return tokens, targets, (weights / total).astype(np.float32)
 
 
 def _rows(batch, index, count):
@@ -139,7 +136,7 @@ def train_feed(task, config, devices, start_step):
         for batch in task.batches(config.batch_size, config.seed,
                                   start_step=start_step,
                                   train_size=config.train_size):
-            yield _rows(_normalized(batch, 1.0), index, count)
+            yield _rows(_normalized(batch), index, count)
 
     return backend_module(config.backend).feed(batches, devices,
                                                config.steps - start_step)

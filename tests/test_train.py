@@ -544,3 +544,31 @@ def test_rerun_of_a_finished_run_changes_no_byte_and_steps_are_identity(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "steps: 20 there, 40 now" in err[0], err
     assert _file_digests(logdir) == before
+
+
+def test_the_loop_fetches_once_a_log(tmp_path, tiny_config, monkeypatch):
+    # `RunLoop` reads `fit`'s metric sums and the learning rate to the host
+    # in one transfer a log; an evaluation or a checkpoint at a log step
+    # fetches nothing more (the sums were moved and reset), one between
+    # logs fetches once.
+    fetches = []
+    convert = keras.ops.convert_to_numpy
+
+    def counting(value):
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.endswith(os.path.join("pipelines", "loop.py")):
+            fetches.append(np.shape(convert(value)))
+        return convert(value)
+
+    monkeypatch.setattr(keras.ops, "convert_to_numpy", counting)
+    train(tiny_config(steps=20, log_every=5, eval_every=10,
+                      checkpoint_every=10, diagnostics_every=20,
+                      logdir=str(tmp_path / "logs")))
+    # Logs at 5, 10, 15, 20: the four metric variables and the rate.
+    assert fetches == [(5,)] * 4
+    fetches.clear()
+    train(tiny_config(steps=20, log_every=10, eval_every=5,
+                      checkpoint_every=20, diagnostics_every=20,
+                      logdir=str(tmp_path / "evals")))
+    # Logs at 10 and 20, evaluations between them at 5 and 15.
+    assert fetches == [(4,), (5,), (4,), (5,)]

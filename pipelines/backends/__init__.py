@@ -4,7 +4,7 @@ Training is Keras's `fit` on every backend; each module provides
 `open_devices(strategy)` returning a `Devices`, `prepare(config)` for
 process-wide switches, `feed(batches, devices, count)`, what `fit` reads
 of the first `count` of a generator function of this process's batches,
-and `adapt_model(model, config, devices, batch)`, what Keras's trainer
+and `adapt_model(model, config, devices)`, what Keras's trainer
 needs changed for the run (a train step where Keras's cannot do its
 update). Only the running backend's module is imported
 (`backend_module`); this `__init__` imports no framework, as the command

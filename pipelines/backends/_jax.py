@@ -68,10 +68,10 @@ def feed(batches, devices, count):
     return batches()
 
 
-def adapt_model(model, config, devices, batch):
+def adapt_model(model, config, devices):
     """The steps of one `fit` call in one compiled `lax.scan`
     (`scan_train_steps`: Keras 3.15.1 dispatches one jitted call a step).
     Keras's JAX step does the run's update as it is (one SPMD program:
     the clipping and the loss scaling see the global gradient)."""
-    del config, devices, batch
+    del config, devices
     scan_train_steps(model)

@@ -184,11 +184,11 @@ def feed(batches, devices, count):
     return strategy.distribute_datasets_from_function(dataset)
 
 
-def adapt_model(model, config, devices, batch):
+def adapt_model(model, config, devices):
     """Fits Keras's TensorFlow trainer to the run: its train step where
     Keras's cannot do the run's update (`_train_step`); under
-    `MultiWorkerMirroredStrategy`, its symbolic build from `batch` (numpy
-    arrays of one replica's shapes): Keras 3.15's own first reduces a
+    `MultiWorkerMirroredStrategy`, its symbolic build from zeros of the
+    model's input shape: Keras 3.15's own first reduces a
     distributed batch across the workers, which fails there ("Attempt to
     convert a value (PerReplica...) to a Tensor"), in `fit` and `evaluate`
     alike, and needs only the shapes; and steps whose logs are vectors of
@@ -201,6 +201,11 @@ def adapt_model(model, config, devices, batch):
         # stays the plain functional one that is saved.
         model.train_step = step.__get__(model)
     if isinstance(devices.handle, tf.distribute.MultiWorkerMirroredStrategy):
+        # One example of the shapes the model takes: tokens, targets and
+        # weights are all `(batch, seq_len)`.
+        shape = (1,) + tuple(size or 1 for size in model.inputs[0].shape[1:])
+        batch = (np.zeros(shape, "int32"), np.zeros(shape, "int32"),
+                 np.zeros(shape, "float32"))
         model._maybe_symbolic_build = (  # noqa: SLF001
             lambda iterator=None, data_batch=None: model._symbolic_build(
                 data_batch=batch))

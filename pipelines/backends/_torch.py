@@ -39,6 +39,6 @@ def feed(batches, devices, count):
     return batches()
 
 
-def adapt_model(model, config, devices, batch):
+def adapt_model(model, config, devices):
     """Nothing: Keras's torch trainer does the run's update as it is."""
-    del model, config, devices, batch
+    del model, config, devices
