@@ -91,6 +91,66 @@ def project_together(inputs, query_kernel, key_kernel, value_kernel):
     )
 
 
+def factored_query_key(query, key, query_kernel, key_kernel,
+                       query_bias=None, key_bias=None):
+    """Stand-ins `q'`, `k'` for Q and K with `q'_h · k'_h = q_h · k_h` for
+    every head, from `M_h = W̃_Q,h W̃_K,hᵀ`: `q' = X̃_q M_h`, `k' = X̃_k`
+    (`X̃` the inputs with a column of ones when there are biases, `W̃` the
+    kernel with the bias as its last row).
+
+    The scores `Q Kᵀ = X̃_q W̃_Q W̃_Kᵀ X̃_kᵀ` have rank at most the input
+    width, so when `d_k` is well above the widths the product costs a
+    fraction of the projections: the comparison's model (width 64, d_k
+    1024, 33 tokens) trains about 4x faster a step (`factor_query_key`).
+
+    Returns:
+        `q'` `(B, T, H, D_k')` and `k'` `(B, S, H, D_k')`, `D_k'` the key
+        input's width (plus one with biases), in the inputs' dtype.
+    """
+    heads = query_kernel.shape[1]
+    if query_bias is not None:
+        query = _with_ones(query)
+        key = _with_ones(key)
+        query_kernel = ops.concatenate([query_kernel, query_bias[None]], 0)
+        key_kernel = ops.concatenate([key_kernel, key_bias[None]], 0)
+    width = key.shape[-1]
+    # (H, D_q', d_k) @ (H, d_k, D_k') -> (H, D_q', D_k'), then (D_q', H D_k')
+    product = ops.matmul(ops.transpose(query_kernel, (1, 0, 2)),
+                         ops.transpose(key_kernel, (1, 2, 0)))
+    product = ops.reshape(ops.transpose(product, (1, 0, 2)),
+                          (query.shape[-1], heads * width))
+    factored_query = split_heads(flat_matmul(query, product), heads, width)
+    shape = ops.shape(key)
+    factored_key = ops.broadcast_to(ops.expand_dims(key, 2),
+                                    (shape[0], shape[1], heads, width))
+    return factored_query, factored_key
+
+
+def _with_ones(inputs):
+    """`(B, T, D)` -> `(B, T, D + 1)`, the last column ones."""
+    shape = ops.shape(inputs)
+    return ops.concatenate(
+        [inputs, ops.ones((shape[0], shape[1], 1), inputs.dtype)], -1)
+
+
+def factor_query_key(query_shape, key_shape, key_dim, use_bias):
+    """Whether `factored_query_key` is the cheaper way to the scores: every
+    input width (plus one with biases) at most half of `d_k`, and enough
+    query rows (`B T`, when known) to pay for the `M_h` products.
+
+    Per head and query row the projections cost `2 d_k (D_q + D_k S/T)` and
+    the scores `2 d_k S` multiply-adds, against `2 D_q' D_k'` and
+    `2 D_k' S` factored, plus `2 D_q' D_k' d_k` per head per call for
+    `M_h`, which the `B T >= D_k'` rows amortise.
+    """
+    extra = 1 if use_bias else 0
+    widths = (query_shape[-1] + extra, key_shape[-1] + extra)
+    if None in widths or 2 * max(widths) > key_dim:
+        return False
+    rows = query_shape[0], query_shape[1]
+    return None in rows or rows[0] * rows[1] >= widths[1]
+
+
 # ------------------------------------------------------------------ checks
 def check_inputs(query, value, key):
     """Raises `ValueError` unless query, value and key are rank 3 with

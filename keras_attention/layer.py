@@ -73,8 +73,12 @@ class ScaledDotProductAttention(keras.layers.Layer):
             the memory-efficient path for very long sequences (on torch:
             masked ones; torch's fused kernel is chunked without a mask),
             and otherwise the fastest path measured on each backend:
-            explicit on TensorFlow and JAX, fused on torch. All paths give
-            the same numbers.
+            explicit on TensorFlow and JAX, fused on torch. When `key_dim`
+            is at least twice each input's width (plus one with biases),
+            `"auto"` also computes the scores as `X_q (W_Q W_Kᵀ) X_kᵀ`
+            without forming Q and K, unless the call needs Q and K
+            themselves (weights, dropout, qk-norm, ssmax, float16, the
+            recorder). All paths give the same numbers.
         logit_soft_cap: `None`, or a positive number `c`: the scaled scores
             become `c * tanh(scores / c)` before masking and the softmax
             (Gemma 2's attention logit soft-capping), so none exceeds `c`.
@@ -283,8 +287,18 @@ class ScaledDotProductAttention(keras.layers.Layer):
             query, key, self.num_heads, query_mask, value_mask, key_mask,
             attention_mask, use_causal_mask,
         )
-        q, k, v = self._project(query, value, key)
         dropout_active = bool(training) and self.dropout > 0.0
+        if self._factors(query, key, return_attention_scores,
+                         dropout_active):
+            q, k = utils.factored_query_key(
+                query, key, self.query_kernel, self.key_kernel,
+                *((self.query_bias, self.key_bias) if self.use_bias
+                  else ()))
+            v = utils.project(value, self.value_kernel)
+            if self.use_bias:
+                v = v + self.value_bias
+        else:
+            q, k, v = self._project(query, value, key)
         attended, weights = self._compute_attention(
             q, k, v, masks, return_attention_scores, dropout_active
         )
@@ -321,6 +335,22 @@ class ScaledDotProductAttention(keras.layers.Layer):
             q = self.query_norm(q)
             k = self.key_norm(k)
         return q, k, v
+
+    def _factors(self, query, key, need_weights, dropout_active):
+        """Whether `"auto"` computes the scores from `M_h = W_Q,h W_K,hᵀ`
+        (`utils.factored_query_key`): only where nothing needs Q and K
+        themselves (the weights, dropout, the recorder, qk-norm, ssmax's
+        d_k, float16's range) and `utils.factor_query_key` finds it
+        cheaper."""
+        return (
+            self.implementation == "auto"
+            and not (need_weights or dropout_active or self.qk_norm)
+            and self._recorder is None
+            and self.scale != "ssmax"
+            and keras.backend.standardize_dtype(self.compute_dtype)
+            != "float16"
+            and utils.factor_query_key(query.shape, key.shape, self.key_dim,
+                                       self.use_bias))
 
     def _compute_attention(self, q, k, v, masks, need_weights, dropout_active):
         """The heads' outputs `(B, T, H, d_v)` and the weights (or `None`)
@@ -371,7 +401,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
         path = attention_path(
             query.shape[1], key.shape[1], implementation=self.implementation,
             logit_soft_cap=self.logit_soft_cap, masked=masked)
-        fused_ok = self.value_dim == self.key_dim  # jax's fused op needs it
+        # jax's fused op needs it (factored queries have the input's width)
+        fused_ok = self.value_dim == query.shape[-1]
         if path == "fused" and not fused_ok:
             return "explicit"
         if path != "auto":

@@ -154,11 +154,11 @@ COMPARE_PRESETS = {
         axes={"key_dim": (16, 64, 256, 1024)}, trained={"key_dim": (1024,)},
         options={"variance_samples": 20000},
         # Six runs of 1000 steps at d_k 1024; two workers ("auto",
-        # `runner.resolve_jobs`) train three each: 152 s in all on 2 idle
-        # cores with Keras's `fit` (2026-12-04; 37-47 s a run), 150 s with
-        # the hand-written loop before it, the same report. Init probes,
-        # figures and the report take the rest.
-        jobs=0, expected="about 2 to 3 minutes on 2 idle CPU cores"),
+        # `runner.resolve_jobs`) train three each: 78 s in all on 2 idle
+        # cores (2026-12-04; 12-25 s a run), with the layer's factored
+        # scores (d_k 1024 over width 64); 152 s before them. Init probes,
+        # figures and the report take about 12 s of it.
+        jobs=0, expected="about 1 to 2 minutes on 2 idle CPU cores"),
     # Every arm trained at every d_k, five seeds: for a GPU.
     "full": Preset(
         task="recall", arms=tuple(ARMS), seeds=5,
