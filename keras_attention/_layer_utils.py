@@ -2,9 +2,8 @@
 
 Projections as plain 2-D matmuls, the input checks, the one place the
 layer's masks are built (and the keys they leave each query, for the
-ssmax scale), the fused path's zeroing of rows without keys, and the
-path that the layer's options and lengths choose, which a memory estimate
-asks too.
+ssmax scale), the factored scores of wide keys and the fused path's
+zeroing of rows without keys.
 Floor 1 (layer), beside `keras_attention.layer`: imports keras and
 `keras_attention.{ops, scales}` only.
 """
@@ -23,11 +22,6 @@ except ImportError:  # pragma: no cover - older or newer Keras layouts
 
     def keras_mask(tensor):
         return getattr(tensor, "_keras_mask", None)
-
-
-# Above this many query-key pairs per head, `implementation="auto"` switches
-# to the chunked path, whose memory does not grow with T * S.
-MEMORY_EFFICIENT_THRESHOLD = 4096 * 4096
 
 
 # ------------------------------------------------------------- projections
@@ -306,14 +300,16 @@ def expand_attention_mask(attention_mask, query, key, num_heads):
 
 
 # -------------------------------------------------------------- fused path
-def fused_attention(q, k, v, mask, scale):
+def fused_attention(q, k, v, mask, scale, causal=False):
     """`keras.ops.dot_product_attention`, with the layer's zero output for
     rows that may attend to no key.
 
-    On torch a tensor (learned) scale multiplies the queries and the op
-    gets scale 1: torch's `scaled_dot_product_attention` takes only a
-    Python float there, and the product carries the scale's gradient. The
-    other backends take the tensor, in float32.
+    `causal` (with `mask` `None`) is the op's own causal mode, which a GPU
+    kernel runs without a `(T, S)` mask; every query then sees key 0, so
+    no row is zeroed. On torch a tensor (learned) scale multiplies the
+    queries and the op gets scale 1: torch's `scaled_dot_product_attention`
+    takes only a Python float there, and the product carries the scale's
+    gradient. The other backends take the tensor, in float32.
     """
     if isinstance(scale, float):
         pass
@@ -322,58 +318,15 @@ def fused_attention(q, k, v, mask, scale):
         scale = 1.0
     else:
         scale = ops.cast(scale, attention_ops.softmax_dtype(q.dtype))
-    attended = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    attended = ops.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                         is_causal=causal)
     if mask is None:
         return attended
-    # The fused op averages over all keys when a row has none left;
-    # the layer's contract is a zero output.
-    full = ops.broadcast_to(
-        mask,
-        (ops.shape(q)[0], ops.shape(q)[2], ops.shape(q)[1], ops.shape(k)[1]),
-    )
-    row_has_key = ops.any(full, axis=-1)  # (B, H, T)
+    # The fused op averages over all keys when a row has none left; the
+    # layer's contract is a zero output. `any` over the keys before the
+    # mask is broadcast: at most (B, H, T), never a (B, H, T, S) tensor.
+    row_has_key = ops.broadcast_to(
+        ops.any(mask, axis=-1),
+        (ops.shape(q)[0], ops.shape(q)[2], ops.shape(q)[1]))  # (B, H, T)
     row_has_key = ops.expand_dims(ops.transpose(row_has_key, (0, 2, 1)), -1)
     return ops.where(row_has_key, attended, ops.zeros_like(attended))
-
-
-# ---------------------------------------------------------------- the path
-def attention_path(query_length, key_length, implementation="auto",
-                   logit_soft_cap=None, masked=True, **options):
-    """The path a `ScaledDotProductAttention` built with these options takes
-    for `query_length` queries and `key_length` keys (`None` when unknown),
-    when its call needs no weights: a memory estimate asks it whether the
-    score maps are materialised.
-
-    Args:
-        query_length: number of queries `T`, or `None`.
-        key_length: number of keys `S`, or `None`.
-        implementation: the layer's `implementation`.
-        logit_soft_cap: the layer's `logit_soft_cap`.
-        masked: whether a mask reaches the scores (default `True`: the
-            path that holds under any mask).
-        **options: the layer's other arguments; they choose no path.
-
-    Returns:
-        `"explicit_weights"` (a `logit_soft_cap` is applied there only),
-        `implementation` itself unless it is `"auto"`, `"memory_efficient"`
-        for `"auto"` from `MEMORY_EFFICIENT_THRESHOLD` query-key pairs, or
-        `"auto"`: the layer picks among the materialising paths by backend
-        and dtype.
-    """
-    del options
-    if logit_soft_cap is not None:
-        return "explicit_weights"
-    if implementation != "auto":
-        return implementation
-    long = (
-        query_length is not None
-        and key_length is not None
-        and query_length * key_length >= MEMORY_EFFICIENT_THRESHOLD
-    )
-    if long and (keras.backend.backend() != "torch" or masked):
-        # torch's CPU kernel is chunked itself, but only without a mask:
-        # at T = 8192 unmasked it grew the peak RSS by 29 MiB (explicit
-        # 798), with a causal mask by 346 MiB (memory-efficient 51).
-        return "memory_efficient"
-    return "auto"
-

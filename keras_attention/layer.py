@@ -12,8 +12,8 @@ import keras
 from keras import ops
 
 from keras_attention import _layer_utils as utils
-from keras_attention._layer_utils import attention_path
 from keras_attention import ops as attention_ops
+from keras_attention import paths
 from keras_attention import scales
 from keras_attention.initializers import fresh
 from keras_attention.memory_efficient import memory_efficient_attention
@@ -70,10 +70,11 @@ class ScaledDotProductAttention(keras.layers.Layer):
             `"memory_efficient"` (chunked keys and queries with an online
             softmax, memory linear in sequence length). `"auto"` uses the
             explicit path when weights are requested or dropout is active,
-            the memory-efficient path for very long sequences (on torch:
-            masked ones; torch's fused kernel is chunked without a mask),
-            and otherwise the fastest path measured on each backend:
-            explicit on TensorFlow and JAX, fused on torch. When `key_dim`
+            and otherwise the path `keras_attention.paths` chooses by
+            device (its table): fused on a GPU at every length; on a CPU
+            the explicit path on TensorFlow and JAX and the fused one on
+            torch, and the memory-efficient path for very long sequences
+            (on torch: masked ones). When `key_dim`
             is at least twice each input's width (plus one with biases),
             `"auto"` also computes the scores as `X_q (W_Q W_Kᵀ) X_kᵀ`
             without forming Q and K, unless the call needs Q and K
@@ -82,8 +83,9 @@ class ScaledDotProductAttention(keras.layers.Layer):
         logit_soft_cap: `None`, or a positive number `c`: the scaled scores
             become `c * tanh(scores / c)` before masking and the softmax
             (Gemma 2's attention logit soft-capping), so none exceeds `c`.
-            Computed on the explicit path ("auto" takes it);
-            `implementation="fused"` and `"memory_efficient"` refuse it.
+            Computed on the explicit and memory-efficient paths ("auto"
+            takes the latter for very long sequences);
+            `implementation="fused"` refuses it.
         **kwargs: base layer arguments such as `name` and `dtype`.
 
     Call arguments:
@@ -155,10 +157,10 @@ class ScaledDotProductAttention(keras.layers.Layer):
         self.logit_soft_cap = check_real(
             logit_soft_cap, "logit_soft_cap", low=0.0, high=FLOAT32_MAX,
             low_open=True, allow_none=True)
-        if logit_soft_cap is not None and implementation in (
-                "fused", "memory_efficient"):
-            raise ValueError(f'`logit_soft_cap` needs `implementation` "auto" '
-                             f'or "explicit"; received "{implementation}".')
+        if logit_soft_cap is not None and implementation == "fused":
+            raise ValueError('`logit_soft_cap` needs `implementation` "auto", '
+                             '"explicit" or "memory_efficient"; received '
+                             '"fused".')
         self.scale = scale
         self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.use_bias = bool(use_bias)
@@ -368,7 +370,13 @@ class ScaledDotProductAttention(keras.layers.Layer):
             return memory_efficient_attention(
                 q, k, v, scale=scale, key_mask=masks.key,
                 query_mask=masks.query, attention_mask=masks.attention,
-                causal=masks.causal), None
+                causal=masks.causal,
+                logit_soft_cap=self.logit_soft_cap), None
+        if path == "fused" and masks.causal and not any(
+                mask is not None
+                for mask in (masks.query, masks.key, masks.attention)):
+            return utils.fused_attention(q, k, v, None, scale,
+                                         causal=True), None
         mask = masks.combined(ops.shape(q)[1], ops.shape(k)[1])
         if path == "explicit_weights":
             return self._explicit_attention(q, k, v, mask, scale,
@@ -378,17 +386,8 @@ class ScaledDotProductAttention(keras.layers.Layer):
         return attention_ops.attend_output(q, k, v, mask, scale), None
 
     def _choose_path(self, query, key, need_weights, dropout_active, masked):
-        """One of "memory_efficient", "fused", "explicit" (output only, with
-        the hand-written backward pass) and "explicit_weights" (the weights
-        materialised for the caller, dropout or the recorder).
-
-        `"auto"`, from fwd+bwd CPU time of the layer at batch 8, width 256,
-        d_k 64 (ms at (T, heads) = (128, 8) / (512, 8) / (2048, 1), one
-        thread): TensorFlow explicit (scripts/bench_layer.py); JAX explicit
-        28 / 382 / 653 against fused 36 / 574 / 1303 (jax.jit of
-        `stateless_call`); torch fused 28 / 179 / 241 against explicit
-        28 / 310 / 497 and memory-efficient 46 / 529 / 425.
-        """
+        """`paths.choose_path` for this call: the policy by device, and
+        its table, are in `keras_attention.paths`."""
         if self.implementation == "memory_efficient" and need_weights:
             raise ValueError(
                 'implementation="memory_efficient" cannot return '
@@ -396,31 +395,17 @@ class ScaledDotProductAttention(keras.layers.Layer):
                 "`return_attention_scores=False` or use another "
                 "implementation."
             )
-        if need_weights or dropout_active or self._recorder is not None:
-            return "explicit_weights"
-        path = attention_path(
-            query.shape[1], key.shape[1], implementation=self.implementation,
-            logit_soft_cap=self.logit_soft_cap, masked=masked)
-        # jax's fused op needs it (factored queries have the input's width)
-        fused_ok = self.value_dim == query.shape[-1]
-        if path == "fused" and not fused_ok:
-            return "explicit"
-        if path != "auto":
-            return path
-        backend = keras.backend.backend()
-        if keras.backend.standardize_dtype(self.compute_dtype) == "float16":
-            # The fused op takes the score product in float16.
-            return "explicit"
-        if backend == "torch":
-            # torch's scaled_dot_product_attention is a fused kernel with
-            # its own backward: fastest there (figures above).
-            return "fused" if fused_ok else "explicit"
-        # TensorFlow has no fused kernel: its dot_product_attention is two
-        # tf.einsum calls whose gradients transpose (B, H, T, S) tensors,
-        # while the explicit path's batched matmuls read transposed operands
-        # in place; on JAX the explicit path's hand-written backward beats
-        # jax.nn.dot_product_attention's autodiff by 1.3-2x (figures above).
-        return "explicit"
+        return paths.choose_path(
+            implementation=self.implementation, device=paths.device_kind(),
+            query_length=query.shape[1], key_length=key.shape[1],
+            masked=masked, logit_soft_cap=self.logit_soft_cap,
+            needs_weights=(need_weights or dropout_active
+                           or self._recorder is not None),
+            float16=keras.backend.standardize_dtype(self.compute_dtype)
+            == "float16",
+            # jax's fused op needs it (factored queries have the input's
+            # width)
+            fused_fits=self.value_dim == query.shape[-1])
 
     def _explicit_attention(self, q, k, v, mask, scale, dropout_active):
         attended, weights, scores = attention_ops.attend(

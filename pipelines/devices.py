@@ -6,7 +6,7 @@ import os
 
 import keras
 
-from keras_attention.layer import attention_path
+from keras_attention.paths import attention_path
 from pipelines.backends import backend_module
 from pipelines.common import UsageError
 

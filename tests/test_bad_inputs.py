@@ -181,10 +181,14 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
     assert attention_bytes(config, 1000) == 64 * 1000**2 * 4 * 4
     assert attention_bytes(config.replace(implementation="memory_efficient"),
                            1000) == 16 * 1000**2 * 4 * 4
-    # Past the chunking threshold a capped layer still takes the explicit path.
+    # Past the chunking threshold a capped layer is chunked too (the
+    # memory-efficient path caps), unless its path is named outright.
     assert attention_bytes(config, 4096) == 16 * 4096**2 * 4 * 4
     assert attention_bytes(config.replace(logit_soft_cap=30.0), 4096) == (
-        64 * 4096**2 * 4 * 4)
+        16 * 4096**2 * 4 * 4)
+    assert attention_bytes(config.replace(logit_soft_cap=30.0,
+                                          implementation="explicit"),
+                           4096) == 64 * 4096**2 * 4 * 4
     # A path named outright is taken at any length.
     for implementation in ("explicit", "fused"):
         assert attention_bytes(config.replace(implementation=implementation),
@@ -202,7 +206,7 @@ def test_attention_that_cannot_fit_is_refused_before_the_first_step(
 
 @pytest.mark.parametrize("implementation,cap", [
     ("auto", None), ("auto", 30.0), ("explicit", None), ("explicit", 30.0),
-    ("fused", None), ("memory_efficient", None)])
+    ("fused", None), ("memory_efficient", None), ("memory_efficient", 30.0)])
 def test_the_memory_estimate_takes_the_layers_path(
         tiny_config, implementation, cap):
     # The estimate counts the training batch's maps exactly when the layer,

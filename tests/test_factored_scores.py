@@ -15,6 +15,7 @@ from keras import ops
 from _backends import layer_gradients
 from keras_attention import ScaledDotProductAttention
 from keras_attention import _layer_utils
+from keras_attention import paths
 from test_layer import reference
 from test_layer import to_np
 
@@ -131,7 +132,7 @@ def test_factored_gradients_match_explicit(use_bias, soft_cap,
 def test_factored_memory_efficient_path_matches_reference(monkeypatch,
                                                           factored_calls):
     # Long sequences: "auto" chunks the factored queries and keys.
-    monkeypatch.setattr(_layer_utils, "MEMORY_EFFICIENT_THRESHOLD", 16)
+    monkeypatch.setattr(paths, "MEMORY_EFFICIENT_THRESHOLD", 16)
     rng = np.random.default_rng(11)
     layer = ScaledDotProductAttention(key_dim=32, num_heads=2, value_dim=4,
                                       use_bias=True,

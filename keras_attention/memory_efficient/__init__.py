@@ -39,7 +39,9 @@ import keras
 from keras_attention.memory_efficient import _jax
 from keras_attention.memory_efficient import _tensorflow
 from keras_attention.memory_efficient import _torch
+from keras_attention.validation import FLOAT32_MAX
 from keras_attention.validation import check_int
+from keras_attention.validation import check_real
 
 # The modules that run the blocks, by Keras backend.
 _BACKENDS = {"tensorflow": _tensorflow, "jax": _jax, "torch": _torch}
@@ -56,6 +58,7 @@ def memory_efficient_attention(
     causal=False,
     query_chunk_size=512,
     key_chunk_size=512,
+    logit_soft_cap=None,
 ):
     """Scaled dot-product attention without materializing the score matrix.
 
@@ -88,6 +91,9 @@ def memory_efficient_attention(
         query_chunk_size: Positive int, query rows per block.
         key_chunk_size: Positive int, keys per block. `T` and `S` need not be
             multiples of the chunk sizes.
+        logit_soft_cap: `None`, or a positive float `c`: each block's
+            scaled scores become `c * tanh(s / c)` before the masks (Gemma
+            2's soft cap), with the cap's derivative in the backward pass.
 
     Returns:
         Tensor of shape `(B, T, H, dv)` in the dtype of `query`.
@@ -128,6 +134,8 @@ def memory_efficient_attention(
         masks + (bool(causal),),
         query_chunk_size,
         key_chunk_size,
+        check_real(logit_soft_cap, "logit_soft_cap", low=0.0,
+                   high=FLOAT32_MAX, low_open=True, allow_none=True),
     )
 
 

@@ -142,18 +142,25 @@ class _ChunkMasks:
         return valid
 
 
-def _block_scores(query_chunk, key_chunk, valid):
-    """Scores of one block, `-inf` where masked. Query is pre-scaled."""
+def _block_scores(query_chunk, key_chunk, valid, cap=None):
+    """Scores of one block, `-inf` where masked, and the soft cap's
+    `tanh(s / cap)` (`None` without a cap). Query is pre-scaled."""
     scores = ops.einsum("bhqd,bhkd->bhqk", query_chunk, key_chunk)
+    capped = None
+    if cap is not None:
+        capped = ops.tanh(scores / cap)
+        scores = cap * capped
     if valid is not None:
         scores = ops.where(valid, scores, _NEG_INF)
-    return scores
+    return scores, capped
 
 
-def online_softmax_step(query_chunk, key_chunk, value_chunk, valid, state):
-    """Folds one key block into the running `(max, sum, weighted values)`."""
+def online_softmax_step(query_chunk, key_chunk, value_chunk, valid, state,
+                        cap=None):
+    """Folds one key block into the running `(max, sum, weighted values)`,
+    its scores soft-capped at `cap` when given."""
     running_max, running_sum, accumulator = state
-    scores = _block_scores(query_chunk, key_chunk, valid)
+    scores, _ = _block_scores(query_chunk, key_chunk, valid, cap)
     new_max = ops.maximum(running_max, ops.max(scores, axis=-1))
     # Rows that have seen no attendable key yet keep max = -inf; shift them
     # by 0 so every exp() below is exp(-inf) = 0 rather than NaN.
@@ -187,19 +194,23 @@ def finish_rows(state):
 
 
 def backward_block(
-    query_chunk, key_chunk, value_chunk, d_output, logsumexp, delta, valid
+    query_chunk, key_chunk, value_chunk, d_output, logsumexp, delta, valid,
+    cap=None,
 ):
-    """Gradient contributions of one block, recomputing its probabilities.
+    """Gradient contributions of one block, recomputing its probabilities
+    (and, with a soft cap, the cap's derivative `1 - tanh²`).
 
     Returns `(d_query_chunk, d_key_chunk, d_value_chunk)`, where `d_query` is
     w.r.t. the pre-scaled query.
     """
-    scores = _block_scores(query_chunk, key_chunk, valid)
+    scores, capped = _block_scores(query_chunk, key_chunk, valid, cap)
     probs = ops.exp(scores - logsumexp[..., None])
     # einsum lets the backend fold the transposes into the matmuls.
     d_value = ops.einsum("bhqk,bhqd->bhkd", probs, d_output)
     d_probs = ops.einsum("bhqd,bhkd->bhqk", d_output, value_chunk)
     d_scores = probs * (d_probs - delta[..., None])
+    if capped is not None:
+        d_scores = d_scores * (1.0 - capped * capped)
     d_query = ops.einsum("bhqk,bhkd->bhqd", d_scores, key_chunk)
     d_key = ops.einsum("bhqk,bhqd->bhkd", d_scores, query_chunk)
     return d_query, d_key, d_value
@@ -213,8 +224,9 @@ class Problem:
     """
 
     def __init__(self, length, num_keys, masks, query_chunk_size,
-                 key_chunk_size):
+                 key_chunk_size, soft_cap=None):
         self.length = length
+        self.soft_cap = soft_cap
         self.num_keys = num_keys
         # Never pad short sequences up to a large chunk.
         self.query_chunk = _clamp_chunk(query_chunk_size, length)

@@ -14,7 +14,7 @@ from keras_attention.memory_efficient._blocks import online_softmax_step
 
 
 def attention(query, key, value, scale, masks, query_chunk_size,
-              key_chunk_size):
+              key_chunk_size, soft_cap=None):
     """`memory_efficient_attention` on JAX arrays (checked already)."""
     import jax
     import jax.numpy as jnp
@@ -36,6 +36,7 @@ def attention(query, key, value, scale, masks, query_chunk_size,
             tuple(mask_arrays) + (causal,),
             query_chunk_size,
             key_chunk_size,
+            soft_cap,
         )
 
     def forward(query, key, value, scale, mask_arrays):
@@ -54,6 +55,7 @@ def attention(query, key, value, scale, masks, query_chunk_size,
                     value_chunks[j],
                     problem.masks(i, j),
                     state,
+                    problem.soft_cap,
                 )
 
             state = jax.lax.fori_loop(
@@ -107,6 +109,7 @@ def attention(query, key, value, scale, masks, query_chunk_size,
                         logsumexp[i],
                         delta,
                         problem.masks(i, j),
+                        problem.soft_cap,
                     )
                     return d_query + d_q, (d_k, d_v)
 

@@ -15,7 +15,7 @@ from keras_attention.memory_efficient._blocks import online_softmax_step
 
 
 def attention(query, key, value, scale, masks, query_chunk_size,
-              key_chunk_size):
+              key_chunk_size, soft_cap=None):
     """`memory_efficient_attention` on TensorFlow tensors (checked already)."""
     import tensorflow as tf
 
@@ -29,6 +29,7 @@ def attention(query, key, value, scale, masks, query_chunk_size,
         masks,
         query_chunk_size,
         key_chunk_size,
+        soft_cap,
     )
 
     @tf.custom_gradient
@@ -65,6 +66,7 @@ def _forward(problem, query_chunks, key_chunks, value_chunks):
                 value_chunks[j],
                 problem.masks(i, j),
                 state,
+                problem.soft_cap,
             )
             return (j + 1,) + tuple(state)
 
@@ -131,6 +133,7 @@ def _backward(
                     row_logsumexp,
                     delta,
                     problem.masks(i, j),
+                    problem.soft_cap,
                 )
                 return d_query + d_q, d_k, d_v
 

@@ -21,7 +21,7 @@ _FUNCTION = None
 
 
 def attention(query, key, value, scale, masks, query_chunk_size,
-              key_chunk_size):
+              key_chunk_size, soft_cap=None):
     """`memory_efficient_attention` on torch tensors (checked already)."""
     import torch
 
@@ -36,7 +36,7 @@ def attention(query, key, value, scale, masks, query_chunk_size,
         zeros = query.new_zeros(query.shape[:3] + value.shape[3:])
         return zeros.to(input_dtype)
     problem = Problem(length, num_keys, masks, query_chunk_size,
-                      key_chunk_size)
+                      key_chunk_size, soft_cap)
     output = _function().apply(query, key, value, scale, problem)
     return output.to(input_dtype)
 
@@ -88,7 +88,7 @@ def _forward(problem, query_chunks, key_chunks, value_chunks):
         for j in range(int(problem.visible_key_chunks(i))):
             state = online_softmax_step(
                 query_chunk, key_chunks[j], value_chunks[j],
-                problem.masks(i, j), state,
+                problem.masks(i, j), state, problem.soft_cap,
             )
         output, logsumexp = finish_rows(state)
         outputs.append(output)
@@ -112,7 +112,7 @@ def _backward(problem, query_chunks, key_chunks, value_chunks, output_chunks,
         for j in range(int(problem.visible_key_chunks(i))):
             d_q, d_k, d_v = backward_block(
                 query_chunk, key_chunks[j], value_chunks[j], d_output,
-                logsumexp[i], delta, problem.masks(i, j),
+                logsumexp[i], delta, problem.masks(i, j), problem.soft_cap,
             )
             d_query = d_query + d_q
             d_keys[j] += d_k
