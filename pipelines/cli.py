@@ -13,14 +13,16 @@ import sys
 
 # Imports no framework: the backend is chosen below, before Keras loads.
 from pipelines.backends import backend_from_argv
+from pipelines.backends import set_deterministic_environment
 
 
 def _choose_backend(argv):
     """Sets `KERAS_BACKEND` from `--backend`: Keras reads it once, at
-    import."""
+    import; and, with `--deterministic`, what JAX and torch read once."""
     backend = backend_from_argv(argv)
     if backend is not None:
         os.environ["KERAS_BACKEND"] = backend
+    set_deterministic_environment(argv, os.environ)
 
 
 def _exit_unless_keras_can_start(argv):

@@ -270,8 +270,10 @@ class TrainConfig:
     jit_compile: str = setting("auto", "devices", "XLA for the train step",
                                choices=JIT_MODES, kind=RUNTIME)
     deterministic: bool = setting(
-        False, "devices", "deterministic kernels (TensorFlow op "
-        "determinism, torch deterministic algorithms)")
+        False, "devices", "repeatable runs: deterministic kernels on every "
+        "backend (TensorFlow's op determinism, XLA's deterministic GPU "
+        "ops on JAX, torch's deterministic algorithms, which fail rather "
+        "than fall back)", hparam=True)
     logdir: Optional[str] = setting(
         None, "output", "run directory (default: runs/<task>); a run with "
         "checkpoints there is resumed", _TEXT, metavar="DIR", **_REPORTING)

@@ -62,6 +62,26 @@ def backend_from_argv(argv):
     return None
 
 
+# What the frameworks read from the environment once, when they start, for
+# deterministic kernels: XLA's GPU ops (JAX), cuBLAS's workspace (torch).
+XLA_DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
+CUBLAS_WORKSPACE = (
+    "CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def set_deterministic_environment(argv, environ):
+    """With `--deterministic` in `argv`, sets in `environ` what JAX and
+    torch read before their first GPU computation, so the process and the
+    workers it starts (which inherit it) run deterministic kernels; they
+    change nothing on a CPU."""
+    if "--deterministic" not in argv:
+        return
+    flags = environ.get("XLA_FLAGS", "")
+    if XLA_DETERMINISTIC not in flags.split():
+        environ["XLA_FLAGS"] = f"{flags} {XLA_DETERMINISTIC}".strip()
+    environ.setdefault(*CUBLAS_WORKSPACE)
+
+
 def backend_module(backend):
     """The training module of `backend`, one of `BACKENDS`."""
     # importlib, not three imports at the top: TensorFlow must stay

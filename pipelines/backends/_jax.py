@@ -8,11 +8,13 @@ with `keras.distribution.initialize()` (`KERAS_DISTRIBUTION_*` variables).
 """
 
 import contextlib
+import os
 
 import jax
 import keras
 
 from keras_attention.scan_steps import scan_train_steps
+from pipelines.backends import XLA_DETERMINISTIC
 from pipelines.backends import Devices
 from pipelines.common import UsageError
 
@@ -56,8 +58,17 @@ def open_devices(strategy):
 
 
 def prepare(config):
-    """Process-wide switches: none on JAX (XLA on CPU is deterministic)."""
-    del config
+    """Process-wide switches: none, as XLA reads its flags once, when JAX
+    starts (`set_deterministic_environment` sets them for the command
+    line). A deterministic run on a GPU whose JAX started without them is
+    refused; XLA on a CPU is deterministic."""
+    if (config.deterministic and jax.default_backend() != "cpu"
+            and XLA_DETERMINISTIC not in os.environ.get("XLA_FLAGS", "")):
+        raise UsageError(
+            f"--deterministic: JAX started without XLA_FLAGS="
+            f"{XLA_DETERMINISTIC}; give --deterministic on the command "
+            "line (not only in a config file), or set XLA_FLAGS before "
+            "JAX starts")
 
 
 def feed(batches, devices, count):

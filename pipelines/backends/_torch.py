@@ -3,9 +3,11 @@ GPU, else the CPU): Keras's distribution API for torch is not in a release.
 """
 
 import contextlib
+import os
 
 import torch
 
+from pipelines.backends import CUBLAS_WORKSPACE
 from pipelines.backends import Devices
 from pipelines.common import UsageError
 
@@ -28,9 +30,12 @@ def open_devices(strategy):
 
 
 def prepare(config):
-    """Process-wide switches: deterministic kernels when asked for."""
+    """Process-wide switches: torch's deterministic algorithms when asked
+    for, an op without one raising rather than warning (on a GPU cuBLAS
+    needs its workspace set before its first matmul)."""
     if config.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault(*CUBLAS_WORKSPACE)
+        torch.use_deterministic_algorithms(True)
 
 
 def feed(batches, devices, count):

@@ -1,0 +1,91 @@
+"""`--deterministic`: repeatable runs on every backend.
+
+Two runs with it must write the same `metrics.json` but for the clocks
+(TensorFlow here, JAX and torch in their child runs); the environment the
+command line sets for JAX's and torch's GPU kernels; and the refusal, in
+one line, of a deterministic JAX run on a GPU whose XLA started without
+them (a faked GPU).
+"""
+
+import contextlib
+import io
+import json
+
+import keras
+import pytest
+
+from conftest import TINY_LOOP
+from conftest import TINY_TASKS
+from pipelines import cli
+from pipelines.backends import XLA_DETERMINISTIC
+from pipelines.backends import set_deterministic_environment
+from pipelines.settings import flag
+
+BACKEND = keras.backend.backend()
+
+
+def _train(logdir, *extra):
+    loop = {k: v for k, v in TINY_LOOP.items() if k != "verbose"}
+    values = {"task": "recall", **TINY_TASKS["recall"], **loop,
+              "steps": 20, "eval_every": 5, "diagnostics_every": 10,
+              "logdir": str(logdir)}
+    argv = ["train", "--quiet", *extra]
+    for name, value in values.items():
+        argv += [flag(name), str(value)]
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        status = cli.main(argv)
+    return status, stderr.getvalue().strip()
+
+
+def _without_clocks(record):
+    """`record` without its wall-clock figures and its run directory."""
+    if isinstance(record, dict):
+        return {key: _without_clocks(value) for key, value in record.items()
+                if not key.endswith(("_s", "per_s")) and key != "logdir"}
+    if isinstance(record, list):
+        return [_without_clocks(value) for value in record]
+    return record
+
+
+@pytest.mark.backends("jax", "torch")
+def test_two_deterministic_runs_write_the_same_metrics(tmp_path):
+    metrics = []
+    for name in ("first", "second"):
+        status, err = _train(tmp_path / name, "--deterministic")
+        assert status == 0, err
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["deterministic"] is True
+        metrics.append(json.loads(
+            (tmp_path / name / "metrics.json").read_text()))
+    first, second = map(_without_clocks, metrics)
+    # Not vacuous: the runs trained and were measured.
+    assert len(first["eval_history"]) == 5  # steps 0, 5, ..., 20
+    assert first["diagnostics"]["final"]["summary"]
+    assert first == second
+
+
+def test_the_command_line_sets_what_jax_and_torch_read_at_start():
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    set_deterministic_environment(["train", "--steps", "3"], environ)
+    assert environ == {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    for _ in range(2):  # once only
+        set_deterministic_environment(["train", "--deterministic"], environ)
+    assert environ["XLA_FLAGS"].split() == [
+        "--xla_force_host_platform_device_count=2", XLA_DETERMINISTIC]
+    assert environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+@pytest.mark.backends("jax")
+def test_jax_on_a_gpu_started_without_the_flag_is_refused(
+        tmp_path, monkeypatch):
+    if BACKEND != "jax":
+        pytest.skip("JAX's devices")
+    import jax
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    status, err = _train(tmp_path / "run", "--deterministic")
+    assert status == 2
+    assert len(err.splitlines()) == 1 and "--deterministic" in err, err
+    assert XLA_DETERMINISTIC in err
