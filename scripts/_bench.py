@@ -198,9 +198,11 @@ def text_table(headers, rows, widths=None, header_justify="right"):
 PROJECTIONS = ("query", "key", "value", "output")
 
 
-def dot_product_attention(q, k, v, scale):
-    """`keras.ops.dot_product_attention`, the fused op."""
-    return keras.ops.dot_product_attention(q, k, v, scale=scale)
+def dot_product_attention(q, k, v, scale, causal=False):
+    """`keras.ops.dot_product_attention`, the fused op (its own causal
+    mode with `causal`)."""
+    return keras.ops.dot_product_attention(q, k, v, scale=scale,
+                                           is_causal=causal)
 
 
 class HandProjectedAttention(keras.layers.Layer):
@@ -234,7 +236,7 @@ class HandProjectedAttention(keras.layers.Layer):
                 setattr(self, f"{name}_bias", self.add_weight(
                     name=f"{name}_bias", shape=bias, initializer="zeros"))
 
-    def call(self, inputs):
+    def call(self, inputs, use_causal_mask=False):
         ops = keras.ops
         q = ops.einsum("btd,dhk->bthk", inputs, self.query_kernel)
         k = ops.einsum("bsd,dhk->bshk", inputs, self.key_kernel)
@@ -243,7 +245,9 @@ class HandProjectedAttention(keras.layers.Layer):
             q = q + self.query_bias
             k = k + self.key_bias
             v = v + self.value_bias
-        attended = self.attend(q, k, v, 1.0 / self.key_dim**0.5)
+        attended = self.attend(q, k, v, 1.0 / self.key_dim**0.5,
+                               **({"causal": True} if use_causal_mask
+                                  else {}))
         output = ops.einsum("bthk,hko->bto", attended, self.output_kernel)
         if self.use_bias:
             output = output + self.output_bias

@@ -51,6 +51,7 @@ import numpy as np
 from keras_attention import AttentionMonitor
 from pipelines.builders import build_model
 from pipelines.builders import build_probe_batch
+from pipelines.builders import seed_run
 from pipelines.builders import build_task
 from pipelines.settings import Layer
 from pipelines.settings import resolve_config
@@ -115,7 +116,7 @@ def main(argv=None):
         "task": "recall", "num_layers": args.num_layers,
         "probe_size": args.probe_size})])
     task = build_task(config)
-    keras.utils.set_random_seed(config.seed)
+    seed_run(config.seed)  # TensorFlow stays unimported on JAX and torch
     model = build_model(config, task)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),

@@ -38,6 +38,7 @@ within about 10% of 1 are within the run-to-run noise of a loaded machine.
 Bad arguments exit with status 2 and one line on stderr.
 """
 
+import itertools
 import os
 import platform
 import statistics
@@ -53,6 +54,7 @@ from keras_attention.layer import ScaledDotProductAttention
 from pipelines.builders import seed_run
 
 PROG = "bench_layer.py"
+MASKS = ("none", "causal")
 JIT_MODES = {"both": (False, True), "off": (False,), "on": (True,)}
 # The peers' agreement with MHA, relative to its largest output: bfloat16's
 # 8-bit mantissa, compounded over projections, two products and a softmax.
@@ -113,6 +115,10 @@ def parse_args(argv=None):
                         "--threads 1)")
     add_flag(parser, "--threads", None,
              "TensorFlow intra-op and inter-op threads (default: TF's choice)")
+    add_flag(parser, "--masks", ["none"],
+             "comma-separated masks of the call (none, causal; default "
+             "none): every peer gets the same",
+             lambda flag: _bench.subset_list(flag, MASKS))
     add_flag(parser, "--implementations", ["explicit", "fused"],
              "comma-separated implementations of our layer to time "
              f"({', '.join(IMPLEMENTATIONS)}; default explicit,fused)",
@@ -163,11 +169,12 @@ def build_peers(args, seq_len, heads, x):
     return peers
 
 
-def _call(name, layer, x):
-    return layer(x, x) if name == "mha" else layer(x)
+def _call(name, layer, x, mask="none"):
+    causal = {"use_causal_mask": True} if mask == "causal" else {}
+    return layer(x, x, **causal) if name == "mha" else layer(x, **causal)
 
 
-def check_peers_agree(peers, x, precision):
+def check_peers_agree(peers, x, precision, mask="none"):
     """Checks the peers' outputs on a short prefix of `x` against MHA.
 
     Exits with an error if a peer computes something else (the timings would
@@ -179,7 +186,7 @@ def check_peers_agree(peers, x, precision):
     for name, layer in peers.items():
         try:
             outputs[name] = np.asarray(keras.ops.convert_to_numpy(
-                _call(name, layer, prefix)), "float32")
+                _call(name, layer, prefix, mask)), "float32")
         except Exception as error:  # Report the peer and time the others.
             _bench.note(f"{name} failed: {type(error).__name__}: "
                         f"{str(error).strip()[:300]}")
@@ -200,7 +207,7 @@ def check_peers_agree(peers, x, precision):
     return {name: layer for name, layer in peers.items() if name in outputs}
 
 
-def make_step(name, layer, jit):
+def make_step(name, layer, jit, mask="none"):
     """One compiled step (a `tf.function`, or on JAX a `jax.jit`): loss =
     sum(output) and all its gradients (the torch peer: its own eager step).
     It returns a scalar that depends on every gradient: fetching it waits
@@ -211,7 +218,7 @@ def make_step(name, layer, jit):
     loss = lambda output: ops.sum(ops.cast(output, "float32"))  # noqa: E731
     if keras.backend.backend() == "jax":
         gradients, values = _bench.jax_loss_and_gradients(
-            layer, lambda layer, x: _call(name, layer, x), loss)
+            layer, lambda layer, x: _call(name, layer, x, mask), loss)
         leaves = _bench.jax.tree_util.tree_leaves
         step = _bench.jax.jit(lambda values, x: sum(
             ops.sum(ops.cast(g, "float32"))
@@ -224,7 +231,7 @@ def make_step(name, layer, jit):
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            value = loss(_call(name, layer, x))
+            value = loss(_call(name, layer, x, mask))
         gradients = tape.gradient(value, variables + [x])
         return tf.add_n([tf.reduce_sum(tf.cast(g, "float32"))
                          for g in gradients])
@@ -232,7 +239,8 @@ def make_step(name, layer, jit):
     return step
 
 
-def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
+def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"],
+              mask="none"):
     """Median milliseconds per step of each peer, peers interleaved.
 
     Each repeat times a few back-to-back calls of every peer (the same count
@@ -244,7 +252,7 @@ def time_case(peers, x, jit, warmup, repeats, clock=_bench.CLOCKS["wall"]):
     steps = {}
     slowest = 1e-9
     for name, layer in peers.items():
-        step = make_step(name, layer, jit)
+        step = make_step(name, layer, jit, mask)
         try:
             for _ in range(warmup):
                 start = clock()
@@ -313,15 +321,18 @@ def _format_ratio(numerator, denominator):
     return f"{numerator / denominator:.3f}"
 
 
-COLUMNS = ("seq_len", "heads", "jit", "impl", "ours ms", "MHA ms", "dpa ms",
-           "torch ms", "ours/MHA", "ours/dpa", "ours/torch")
-WIDTHS = (7, 5, 3, 16, 9, 9, 9, 9, 8, 8, 10)
+COLUMNS = ("seq_len", "heads", "jit", "impl", "mask", "ours ms", "MHA ms",
+           "dpa ms", "torch ms", "ours/MHA", "ours/dpa", "ours/torch")
+WIDTHS = (7, 5, 3, 16, 6, 9, 9, 9, 9, 8, 8, 10)
+# The columns before the times.
+LABELS = 5
 
 
 def format_table(rows, header_lines):
     cells = [
         (str(row["seq_len"]), str(row["heads"]), "on" if row["jit"] else "off",
-         row["impl"], _format_ms(row["ours"]), _format_ms(row["mha"]),
+         row["impl"], row["mask"], _format_ms(row["ours"]),
+         _format_ms(row["mha"]),
          _format_ms(row["dpa"]), _format_ms(row["torch"]),
          _format_ratio(row["ours"], row["mha"]),
          _format_ratio(row["ours"], row["dpa"]),
@@ -349,15 +360,17 @@ def main(argv=None):
         x = keras.ops.convert_to_tensor(np.random.default_rng(
             seq_len).standard_normal((args.batch, seq_len, args.width)),
             "float32")
-        for heads in args.heads:
-            peers = check_peers_agree(build_peers(args, seq_len, heads, x),
-                                      x, args.precision)
+        for heads, mask in itertools.product(args.heads, args.masks):
+            peers = build_peers(args, seq_len, heads, x)
+            if mask != "none":  # the torch peer takes no mask
+                peers.pop("torch", None)
+            peers = check_peers_agree(peers, x, args.precision, mask)
             for jit in jit_modes:
                 medians, calls = time_case(peers, x, jit, warmup, repeats,
-                                           clock)
+                                           clock, mask)
                 for implementation in args.implementations:
                     row = dict(seq_len=seq_len, heads=heads, jit=jit,
-                               impl=implementation,
+                               impl=implementation, mask=mask,
                                ours=medians.get(f"ours-{implementation}"),
                                mha=medians.get("mha"), dpa=medians.get("dpa"),
                                torch=medians.get("torch", "-"),
@@ -365,7 +378,8 @@ def main(argv=None):
                     rows.append(row)
                     _bench.note(
                         f"seq_len={seq_len} heads={heads} "
-                        f"jit={'on' if jit else 'off'} {implementation}: "
+                        f"jit={'on' if jit else 'off'} {implementation} "
+                        f"mask={mask}: "
                         + ", ".join(f"{peer} {_format_ms(row[peer.lower()])} "
                                     "ms" for peer in ("ours", "MHA", "dpa",
                                                       "torch"))

@@ -134,11 +134,12 @@ def test_bench_layer_smallest_case_prints_the_table():
     header = next(i for i, line in enumerate(lines)
                   if line.split()[:4] == ["seq_len", "heads", "jit", "impl"])
     rows = [line.split() for line in lines[header + 2:]]
-    assert [row[:4] for row in rows] == [
-        ["8", "1", "off", "explicit"], ["8", "1", "off", "fused"]
+    assert [row[:5] for row in rows] == [
+        ["8", "1", "off", "explicit", "none"], ["8", "1", "off", "fused",
+                                                "none"]
     ]
     for row in rows:
-        assert all(float(cell) > 0 for cell in row[4:])
+        assert all(float(cell) > 0 for cell in row[5:])
     notes = [line for line in completed.stderr.splitlines()
              if line.startswith("# seq_len=8 heads=1 jit=off")]
     assert len(notes) == 2
@@ -148,15 +149,28 @@ def test_bench_layer_smallest_case_prints_the_table():
 # Every Python process of the check (its stages, the keras-attention
 # commands and their workers) starts with this on its path: an import of
 # TensorFlow is written down and refused, even one that the code would
-# survive (the GPU machine has no TensorFlow).
+# survive (the GPU machine has no TensorFlow). A probe that only looks
+# for it (`importlib.util.find_spec`, as torch._dynamo does for its list
+# of modules) is not an import: it is left alone.
 _SITECUSTOMIZE = textwrap.dedent("""
     import importlib.abc
     import os
     import sys
 
+    def importing():
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == "<frozen importlib.util>":
+                return False  # a probe, maybe within an import
+            if frame.f_code.co_name == "_find_and_load":
+                return True
+            frame = frame.f_back
+        return False
+
     class BlockTensorFlow(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name == "tensorflow" or name.startswith("tensorflow."):
+            if ((name == "tensorflow" or name.startswith("tensorflow."))
+                    and importing()):
                 with open(os.environ["TENSORFLOW_IMPORTS"], "a") as log:
                     log.write(f"{os.getpid()} {name}\\n")
                 raise ImportError(f"{name} is blocked in this test")
@@ -201,16 +215,22 @@ def _stages(document, names):
 
 
 def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
+    stages = ["layer", "bench_layer", "callback", "torch-train",
+              "deterministic"]
     document, tables, out, runs = _gpu_check(
-        tmp_path, "--stages", "layer,bench_layer,bench_train")
-    _stages(document, ["layer", "bench_layer", "bench_train"])
+        tmp_path, "--stages", ",".join(stages))
+    _stages(document, stages)
 
-    # The layer: every path, policy and mask against float32 explicit.
+    # The layer: every path, policy, matmul precision and mask against
+    # float32 explicit.
     layer = document["layer"]
     paths = ("explicit", "fused", "memory_efficient", "explicit_weights")
+    kinds = (("float32", "default"), ("float32", "highest"),
+             ("mixed_bfloat16", "default"))
     cases = layer["cases"]
-    assert sorted((c["path"], c["dtype"], c["mask"]) for c in cases) == sorted(
-        (p, d, m) for p in paths for d in ("float32", "mixed_bfloat16")
+    assert sorted((c["path"], c["dtype"], c["precision"], c["mask"])
+                  for c in cases) == sorted(
+        (p, d, precision, m) for p in paths for d, precision in kinds
         for m in ("padding", "causal"))
     assert layer["seq_len"] % 512 != 0  # ragged memory-efficient blocks
     for case in cases:
@@ -221,11 +241,14 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
             assert 1e-4 < case["error"] <= case["tolerance"], case
     assert "layer at T" in tables and " FAIL" not in tables
 
-    # bench_layer on JAX: every implementation timed; the ratios are the
-    # times' (to the printed 2 decimals).
+    # bench_layer on JAX: every implementation timed, with and without a
+    # causal mask; the ratios are the times' (to the printed 2 decimals),
+    # auto's against fused's too.
     rows = document["bench_layer"]
-    assert [(r["impl"], r["jit"]) for r in rows] == [
-        ("explicit", "on"), ("fused", "on"), ("memory_efficient", "on")]
+    implementations = ("auto", "explicit", "fused", "memory_efficient")
+    assert [(r["impl"], r["mask"], r["jit"]) for r in rows] == [
+        (impl, mask, "on") for mask in ("none", "causal")
+        for impl in implementations]
     for row in rows:
         for peer in ("ours", "MHA", "dpa"):
             assert np.isfinite(row[f"{peer} ms"]) and row[f"{peer} ms"] > 0
@@ -233,7 +256,87 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
         for peer in ("MHA", "dpa"):
             assert row[f"ours/{peer}"] == pytest.approx(
                 row["ours ms"] / row[f"{peer} ms"], rel=0.05, abs=0.01)
-    assert "seq_len  heads  jit" in tables
+    ms = {(r["impl"], r["mask"]): r["ours ms"] for r in rows}
+    assert [(r["mask"], r["ratio"]) for r in document["auto_vs_fused"]] == [
+        (mask, pytest.approx(ms["auto", mask] / ms["fused", mask]))
+        for mask in ("none", "causal")]
+    assert "seq_len  heads  jit" in tables and "auto / fused" in tables
+
+    # The monitor's cost: ratios of fit with it over fit without.
+    callback = document["callback"]
+    assert 0.5 < callback["wall_ratio"] < 5, callback
+    assert 0.5 < callback["cpu_ratio"] < 5, callback
+    assert 0 < callback["hooks_share"] < 1, callback
+    # torch trained its steps, read from its own metrics.json.
+    metrics = json.loads((runs / "torch-train" / "metrics.json").read_text())
+    assert document["torch_train"]["steps"] == metrics["steps"] == 8
+    assert document["torch_train"]["heldout_accuracy"] == metrics[
+        "heldout_accuracy"]
+    # Two deterministic runs identical, and the cost of determinism.
+    deterministic = document["deterministic"]
+    assert deterministic["identical"] is True
+    assert deterministic["cost"] > 0
+    assert {run["exit"] for run in deterministic["runs"].values()} == {0}
+    assert "two runs identical: True" in tables
+    # No grid ran: none reports.
+    assert all(grid == dict(runs_finished=0, report=None, verdicts=[])
+               for grid in document["grids"].values())
+    assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log",
+                                       "gpu_check.txt"]
+
+
+def test_gpu_check_refuses_a_bad_argument_and_a_cpu(tmp_path):
+    for argv, expected in ((["--budget-s", "1"], "unknown argument"),
+                           (["--out", str(tmp_path / "out")],
+                            "JAX sees no GPU")):
+        completed = subprocess.run(
+            ["bash", str(SCRIPTS / "gpu_check.sh"), *argv],
+            capture_output=True, text=True, timeout=120,
+            # JAX on the CPU whatever the machine has: the refusal is the
+            # point, not this machine's lack of a GPU.
+            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        own = _own_lines(completed, "gpu_check.sh")
+        assert completed.returncode == 2, completed.stderr[-2000:]
+        assert len(own) == 1 and expected in own[0], own
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_whole_command(tmp_path):
+    from pipelines.engine.presets import COMPARE_PRESETS
+
+    stages = ["layer", "bench_layer", "bench_train", "main-job",
+              "callback", "torch-train", "deterministic", "compare-full",
+              "sweep"]
+    document, tables, out, runs = _gpu_check(
+        tmp_path, "--stages", ",".join(stages), timeout=3000)
+    _stages(document, stages)
+    # One seed at d_k 8: the default preset's arms, every arm of the full
+    # preset (its own list, read from the presets), one sweep rate.
+    expected = {"main-job": len(COMPARE_PRESETS["default"].arms),
+                "compare-full": len(COMPARE_PRESETS["full"].arms),
+                "sweep": 2}
+    for name, report, copied in (
+            ("main-job", "comparison.md", "comparison-main-job.md"),
+            ("compare-full", "comparison.md", "comparison-full.md"),
+            ("sweep", "sweep.md", "sweep.md")):
+        grid = document["grids"][name]
+        finished = list((runs / name).glob("*/metrics.json"))
+        assert grid["runs_finished"] == len(finished) == expected[name]
+        assert grid["report"] == copied
+        assert (out / copied).read_text() == (runs / name / report
+                                              ).read_text()
+    for name in ("main-job", "compare-full"):
+        assert [line.split(" (")[0] for line in
+                document["grids"][name]["verdicts"]] == [
+            "Claim 1", "Claim 2", "Claim 3"]
+    verdicts = document["grids"]["sweep"]["verdicts"]
+    assert verdicts and all(re.match(r"^\w+, d_k 8: ", line)
+                            for line in verdicts)
+    arms = {path.parent.name.split("-dk")[0]
+            for path in (runs / "compare-full").glob("*/metrics.json")}
+    assert arms == set(COMPARE_PRESETS["full"].arms)
+    assert "compare-full: Claim 1" in tables
 
     # bench_train on JAX: the trainer and fit train one model (the same
     # weights after the same steps; diagnostics change nothing), and its
@@ -265,59 +368,3 @@ def test_gpu_check_smoke_layer_and_benchmarks(tmp_path):
                   "diagnostics (every 20 steps)",
                   "goal fit, 10 steps/call >= 0.95x ours"):
         assert title in tables
-    # No grid ran: none reports.
-    assert all(grid == dict(runs_finished=0, report=None, verdicts=[])
-               for grid in document["grids"].values())
-    assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log",
-                                       "gpu_check.txt"]
-
-
-def test_gpu_check_refuses_a_bad_argument_and_a_cpu(tmp_path):
-    for argv, expected in ((["--budget-s", "1"], "unknown argument"),
-                           (["--out", str(tmp_path / "out")],
-                            "JAX sees no GPU")):
-        completed = subprocess.run(
-            ["bash", str(SCRIPTS / "gpu_check.sh"), *argv],
-            capture_output=True, text=True, timeout=120,
-            # JAX on the CPU whatever the machine has: the refusal is the
-            # point, not this machine's lack of a GPU.
-            env=dict(os.environ, JAX_PLATFORMS="cpu"))
-        own = _own_lines(completed, "gpu_check.sh")
-        assert completed.returncode == 2, completed.stderr[-2000:]
-        assert len(own) == 1 and expected in own[0], own
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.slow
-def test_gpu_check_smoke_whole_command(tmp_path):
-    from pipelines.engine.presets import COMPARE_PRESETS
-
-    document, tables, out, runs = _gpu_check(tmp_path, timeout=3000)
-    _stages(document, ["layer", "bench_layer", "bench_train",
-                       "compare-default", "compare-full", "sweep"])
-    # One seed at d_k 8: the default preset's arms, every arm of the full
-    # preset (its own list, read from the presets), one sweep rate.
-    expected = {"compare-default": len(COMPARE_PRESETS["default"].arms),
-                "compare-full": len(COMPARE_PRESETS["full"].arms),
-                "sweep": 2}
-    for name, report, copied in (
-            ("compare-default", "comparison.md", "comparison-default.md"),
-            ("compare-full", "comparison.md", "comparison-full.md"),
-            ("sweep", "sweep.md", "sweep.md")):
-        grid = document["grids"][name]
-        finished = list((runs / name).glob("*/metrics.json"))
-        assert grid["runs_finished"] == len(finished) == expected[name]
-        assert grid["report"] == copied
-        assert (out / copied).read_text() == (runs / name / report
-                                              ).read_text()
-    for name in ("compare-default", "compare-full"):
-        assert [line.split(" (")[0] for line in
-                document["grids"][name]["verdicts"]] == [
-            "Claim 1", "Claim 2", "Claim 3"]
-    verdicts = document["grids"]["sweep"]["verdicts"]
-    assert verdicts and all(re.match(r"^\w+, d_k 8: ", line)
-                            for line in verdicts)
-    arms = {path.parent.name.split("-dk")[0]
-            for path in (runs / "compare-full").glob("*/metrics.json")}
-    assert arms == set(COMPARE_PRESETS["full"].arms)
-    assert "compare-full: Claim 1" in tables
