@@ -189,6 +189,18 @@ def read_metrics(run_dir):
         return None
 
 
+def without_clocks(metrics):
+    """A `metrics.json` record without its wall-clock figures (keys ending
+    in `_s`) and its run directory: what two runs of one config on one
+    machine must share."""
+    if isinstance(metrics, dict):
+        return {key: without_clocks(value) for key, value in metrics.items()
+                if not key.endswith("_s") and key != "logdir"}
+    if isinstance(metrics, list):
+        return [without_clocks(value) for value in metrics]
+    return metrics
+
+
 def save_model(model, path):
     """`model.save(path)`, atomically: a crash leaves the previous file (or
     none), never half of one; `WriteFailure` when the system refuses."""

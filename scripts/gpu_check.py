@@ -38,6 +38,7 @@ from _bench import text_table  # noqa: E402
 from keras_attention.layer import ScaledDotProductAttention  # noqa: E402
 from pipelines.common import write_json_atomic  # noqa: E402
 from pipelines.common import write_text_atomic  # noqa: E402
+from pipelines.run_dir import without_clocks  # noqa: E402
 
 # "auto" is one of these at any size, so it adds no case.
 PATHS = ("explicit", "fused", "memory_efficient", "explicit_weights")
@@ -127,16 +128,6 @@ def layer_check(json_path, smoke):
     return 0 if all(case["ok"] for case in cases) else 1
 
 
-def _without_clocks(record):
-    """A metrics.json record without its wall-clock figures and logdir."""
-    if isinstance(record, dict):
-        return {key: _without_clocks(value) for key, value in record.items()
-                if not key.endswith(("_s", "per_s")) and key != "logdir"}
-    if isinstance(record, list):
-        return [_without_clocks(value) for value in record]
-    return record
-
-
 def deterministic_check(logdir, smoke):
     """Two `--deterministic` runs and one without of `DETERMINISTIC_RUN`:
     `LOGDIR.json` says whether the two are identical (metrics.json but the
@@ -156,7 +147,7 @@ def deterministic_check(logdir, smoke):
         runs[name] = dict(exit=status, metrics=metrics)
     first, second, plain = (runs[name]["metrics"] for name in runs)
     identical = None if None in (first, second) else (
-        _without_clocks(first) == _without_clocks(second))
+        without_clocks(first) == without_clocks(second))
     cost = None if None in (first, plain) else (
         first["train_time_s"] / plain["train_time_s"])
     result = dict(

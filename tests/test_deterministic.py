@@ -19,6 +19,7 @@ from conftest import TINY_TASKS
 from pipelines import cli
 from pipelines.backends import XLA_DETERMINISTIC
 from pipelines.backends import set_deterministic_environment
+from pipelines.run_dir import without_clocks
 from pipelines.settings import flag
 
 BACKEND = keras.backend.backend()
@@ -38,16 +39,6 @@ def _train(logdir, *extra):
     return status, stderr.getvalue().strip()
 
 
-def _without_clocks(record):
-    """`record` without its wall-clock figures and its run directory."""
-    if isinstance(record, dict):
-        return {key: _without_clocks(value) for key, value in record.items()
-                if not key.endswith(("_s", "per_s")) and key != "logdir"}
-    if isinstance(record, list):
-        return [_without_clocks(value) for value in record]
-    return record
-
-
 @pytest.mark.backends("jax", "torch")
 def test_two_deterministic_runs_write_the_same_metrics(tmp_path):
     metrics = []
@@ -58,7 +49,7 @@ def test_two_deterministic_runs_write_the_same_metrics(tmp_path):
         assert config["deterministic"] is True
         metrics.append(json.loads(
             (tmp_path / name / "metrics.json").read_text()))
-    first, second = map(_without_clocks, metrics)
+    first, second = map(without_clocks, metrics)
     # Not vacuous: the runs trained and were measured.
     assert len(first["eval_history"]) == 5  # steps 0, 5, ..., 20
     assert first["diagnostics"]["final"]["summary"]
