@@ -15,6 +15,13 @@ same result block by block:
   gradients w.r.t. query, key, value (and the scale) are accumulated block by
   block (the FlashAttention backward).
 
+On a GPU the layer's `implementation="auto"` never takes this path where a
+fused kernel serves the call (`keras_attention.paths`): its blocks are
+loops of small matmuls that XLA runs one after another, 7.6x cuDNN's fused
+kernel at T 4096 and 12.3x at T 16384 on one H200 (bf16, 16 heads of 64).
+It is the CPU's way to long sequences, and any device's way to a long
+soft-capped one.
+
 This is the one backend-specific part of the package. The block arithmetic
 and mask handling are written with `keras.ops` and shared (`_blocks`); the
 loops and the custom gradient are written per backend:
