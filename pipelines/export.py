@@ -55,19 +55,16 @@ _SUFFIX_FORMATS = {suffix: format for format, suffix in SUFFIXES.items()}
 
 def add_arguments(parser):
     """Adds the `export` flags."""
-    parser.add_argument(
-        "--logdir", required=True, metavar="DIR",
-        help="directory of a training run (finished or checkpointed)")
-    parser.add_argument(
-        "--out", required=True, metavar="PATH",
-        help="where to write the exported model")
-    parser.add_argument(
-        "--format", default=None, metavar="FORMAT",
-        help="saved_model, keras, tflite or onnx (default: from the suffix "
-        "of --out, .keras, .tflite or .onnx, else saved_model)")
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace an existing model at --out")
+    parser.add_argument("--logdir", required=True, metavar="DIR",
+                        help="directory of a training run (finished or "
+                        "checkpointed)")
+    parser.add_argument("--out", required=True, metavar="PATH",
+                        help="where to write the exported model")
+    parser.add_argument("--format", metavar="FORMAT", help="saved_model, "
+                        "keras, tflite or onnx (default: from the suffix of "
+                        "--out, .keras, .tflite or .onnx, else saved_model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing model at --out")
 
 
 def run(args):
@@ -118,22 +115,19 @@ def check_out_path(path, format=None, overwrite=False, flag="--out"):
     return format
 
 
-def check_outside_runs(path, run_dir, flag="--out"):
+def check_outside_runs(path, run_dir):
     """`UsageError` when `path` is, or lies inside, `run_dir` or another
     folder holding a run's `config.json` and its `metrics.json` or
     `checkpoints/`: an export never writes among a run's files. Symbolic
     links are followed."""
-    folder = os.path.realpath(os.fspath(path))
     inside = os.path.realpath(os.fspath(run_dir))
-    while True:
+    folder, parent = None, os.path.realpath(os.fspath(path))
+    while folder != parent:  # Up to the root, the root included.
+        folder, parent = parent, os.path.dirname(parent)
         if folder == inside or _is_run_folder(folder):
             raise UsageError(
-                f"{flag} {path} is inside the run directory {folder}; "
+                f"--out {path} is inside the run directory {folder}; "
                 "export to a path outside it")
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return
-        folder = parent
 
 
 def _is_run_folder(folder):

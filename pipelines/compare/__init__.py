@@ -18,7 +18,6 @@ from pipelines.common import UsageError
 from pipelines.common import write_json_atomic
 from pipelines.common import write_text_atomic
 from pipelines.compare.claims import CLAIMS
-from pipelines.compare.claims import named
 from pipelines.compare.claims.length_measures import check_multiples
 from pipelines.compare.measure import collect
 from pipelines.compare.measure import sliced
@@ -37,6 +36,7 @@ from pipelines.compare.tensorboard import write_run_hparams_metrics
 from pipelines.engine import COMPARE_PRESETS as PRESETS
 from pipelines.engine import add_grid_arguments
 from pipelines.engine import check_runs
+from pipelines.engine import parse_sizes
 from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
@@ -72,16 +72,16 @@ def report(plan, missing, timing, log=print, started=None):
     of what it trained now (None: nothing), `started`: for the wall time."""
     started = time.time() if started is None else started
     claims = grid_claims(plan)
-    results = collect(plan, log=log)
+    results = collect(plan)
     samples = plan.options.get("variance_samples", 0)
     results["variance"] = (variance_table(plan.axis("key_dim"), samples,
                                           seed=0) if samples else [])
-    measured = evaluate_claims(plan, results, claims, log)
+    measured = evaluate_claims(plan, results, log)
     curves = collect_curves(plan)
     write_grid_experiment(plan, EXPERIMENT_METRICS)
     for record in results["runs"]:
         write_run_hparams_metrics(os.path.join(plan.logdir, record["run"]),
-                                  record, record["steps"] or 0)
+                                  record)
     write_heatmaps(plan.logdir, results["heatmaps"])
     points = {run: [] for claim in claims for run in claim.SCALAR_RUNS}
     for claim in claims:
@@ -116,16 +116,16 @@ def report(plan, missing, timing, log=print, started=None):
 
 
 def grid_claims(plan):
-    """The claim modules the grid's preset names (default: all)."""
-    return named(plan.options.get("claims", CLAIMS))
+    """The claim modules the grid's preset names, in order (default: all);
+    KeyError for no claim."""
+    return [CLAIMS[name] for name in plan.options.get("claims", CLAIMS)]
 
 
-def evaluate_claims(plan, results, claims=None, log=print):
-    """`{number: evidence}` of the claims that apply to the grid, measured
+def evaluate_claims(plan, results, log=print):
+    """`{number: evidence}` of the grid's claims that apply to it, measured
     from `results` (`measure.collect`, with `"variance"`)."""
     return {claim.NUMBER: claim.measure(plan, results, log)
-            for claim in (grid_claims(plan) if claims is None else claims)
-            if claim.applies(plan)}
+            for claim in grid_claims(plan) if claim.applies(plan)}
 
 
 def summary_text(plan, document):
@@ -206,9 +206,8 @@ def _length_multiples(text, plan):
     """Sets and checks `plan.options["length_multiples"]` (default: the
     preset's)."""
     if text is not None:
-        plan.options["length_multiples"] = (
-            [] if text.strip() == "none"
-            else sorted(parse_int_list(text, "--length-multiples")))
+        plan.options["length_multiples"] = parse_sizes(
+            text, "--length-multiples")
     multiples = plan.options.get("length_multiples") or []
     if multiples:
         axis = "num_pairs" if "num_pairs" in plan.axes else None

@@ -149,7 +149,7 @@ def write_heatmaps(logdir, entries):
                            buffer.getvalue())
 
 
-def collect(plan, log=print):
+def collect(plan):
     """`{"runs", "init_only", "heatmaps"}`: the trained runs' records, the
     untrained key dims probed at init and the heat maps' probe attention
     (both in the grid's slice); writes nothing."""
@@ -164,9 +164,8 @@ def collect(plan, log=print):
             continue
         wants_heatmap = (spec.values["key_dim"] == heatmap_key_dim
                          and spec.values["seed"] == heatmap_seed)
-        init = None
-        if wants_heatmap or not spec.trained:
-            init = probe_at_init(spec.config)
+        init = (probe_at_init(spec.config)
+                if wants_heatmap or not spec.trained else None)
         if not spec.trained:
             init_only.append({
                 "arm": spec.arm, "key_dim": spec.values["key_dim"],
@@ -210,8 +209,9 @@ def init_values(results, arm, key_dim, key):
             and record["init"] is not None]
 
 
-def run_values(results, arm, key_dim, getter):
-    """`getter(record)` of every trained run of (arm, key_dim)."""
+def run_values(results, arm, key_dim, getter=lambda record: record):
+    """`getter(record)` of every trained run of (arm, key_dim) (default:
+    the records)."""
     return [getter(record) for record in results["runs"]
             if record["arm"] == arm and record["key_dim"] == key_dim]
 

@@ -26,53 +26,38 @@ _TABLE_ROWS = (
 )
 
 
-def _stage_values(results, arm, key_dim, stage, key):
-    if stage == "init":
-        return init_values(results, arm, key_dim, key)
-    return run_values(results, arm, key_dim,
-                      lambda r: (r["final"] or {}).get(key))
-
-
-def _bits_rows(plan, results, key_dim):
-    """Text runs' bits per character per arm and the unigram baseline."""
-    rows = []
-    for label, key in (("held-out bits per character", "final_bits"),
-                       ("unigram baseline (bits per character)",
-                        "unigram_bits")):
-        values = [run_values(results, arm, key_dim, lambda r: r.get(key))
-                  for arm in plan.arms]
-        if any(v is not None for arm_values in values for v in arm_values):
-            # The baseline is the held-out text's, the same for every run:
-            # its mean alone.
-            digits = [fmt_mean_sd(v, 3) if key == "final_bits"
-                      else fmt_mean_sd(v[:1], 3) for v in values]
-            rows.append([label, *digits])
-    return rows
-
-
 def key_dim_table(plan, results, key_dim):
     """The Markdown table of one key_dim: arms side by side (lines)."""
     trained = key_dim in plan.trained_axis("key_dim")
+    runs = {arm: run_values(results, arm, key_dim) for arm in plan.arms}
+
+    def row(label, cell):
+        return [label, *map(cell, plan.arms)]
+
+    def values(arm, key):
+        return [r.get(key) for r in runs[arm]]
+
     rows = []
     if trained:
-        rows.append(["final held-out accuracy", *(
-            fmt_mean_sd(run_values(results, arm, key_dim,
-                                   lambda r: r["final_accuracy"]))
-            for arm in plan.arms
-        )])
-        rows += _bits_rows(plan, results, key_dim)
-        rows.append([
-            f"steps to {plan.base.target_accuracy:g} (seeds reaching)", *(
-                fmt_steps(run_values(results, arm, key_dim, lambda r: r))
-                for arm in plan.arms
-            )])
+        rows.append(row("final held-out accuracy", lambda arm: fmt_mean_sd(
+            values(arm, "final_accuracy"))))
+        # Text runs: bits per character per arm, and the unigram baseline,
+        # the held-out text's, the same for every run: its mean alone.
+        for label, key, first in (
+                ("held-out bits per character", "final_bits", None),
+                ("unigram baseline (bits per character)", "unigram_bits", 1)):
+            if any(v is not None
+                   for arm in plan.arms for v in values(arm, key)):
+                rows.append(row(label, lambda arm: fmt_mean_sd(
+                    values(arm, key)[:first], 3)))
+        rows.append(row(f"steps to {plan.base.target_accuracy:g} (seeds "
+                        "reaching)", lambda arm: fmt_steps(runs[arm])))
     for stage in ("init", "final") if trained else ("init",):
         for label, key, digits in _TABLE_ROWS:
-            rows.append([f"{stage}: {label}", *(
-                fmt_mean_sd(_stage_values(results, arm, key_dim, stage, key),
-                            digits)
-                for arm in plan.arms
-            )])
+            rows.append(row(f"{stage}: {label}", lambda arm: fmt_mean_sd(
+                init_values(results, arm, key_dim, key) if stage == "init"
+                else [(r["final"] or {}).get(key) for r in runs[arm]],
+                digits)))
     return markdown_table(["", *plan.arms], rows, left_columns=1)
 
 
@@ -252,10 +237,8 @@ def build_comparison(plan, results, measured, wall_time_s):
         "steps": plan.base.steps,
         "target_accuracy": plan.base.target_accuracy,
         "config": plan.base.to_dict(),
-        "runs": results["runs"],
-        "init_only": results["init_only"],
-        "heatmaps": results["heatmaps"],
-        "variance": results["variance"],
+        **{key: results[key]
+           for key in ("runs", "init_only", "heatmaps", "variance")},
         "claims": to_jsonable(measured),
         "wall_time_s": wall_time_s,
     }

@@ -6,10 +6,12 @@ import math
 import os
 from operator import itemgetter
 
+from pipelines.compare.measure import document_arms
 from pipelines.compare.measure import init_stats
 from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import over_seeds
 from pipelines.reports.numbers import ratio
+from pipelines.reports.plotting import finish_panel
 from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
 from pipelines.reports.plotting import series_panel
@@ -45,21 +47,17 @@ def collect_curves(plan):
     """Per trained (key_dim, arm) in the grid's slice: `{"key_dim", "arm",
     "seeds", "metrics": {name: {"steps", "mean", "sd", "count"}}}`, each
     metric of `CURVE_METRICS` over the steps, mean ± sd over the seeds."""
-    runs = {}
-    for spec in plan.runs():
-        if spec.trained and plan.in_slice(spec.values):
-            runs.setdefault((spec.values["key_dim"], spec.arm),
-                            []).append(spec)
     curves = []
     for key_dim in plan.trained_axis("key_dim"):
         for arm in plan.arms:
-            specs = runs.get((key_dim, arm), [])
+            specs = [spec for spec in plan.trained_runs() if spec.arm == arm
+                     and spec.values["key_dim"] == key_dim
+                     and plan.in_slice(spec.values)]
             events = [read_event_scalars(os.path.join(spec.config.logdir,
                                                       EVAL_LOGS))
                       for spec in specs]
             curves.append({
-                "key_dim": key_dim,
-                "arm": arm,
+                "key_dim": key_dim, "arm": arm,
                 "seeds": [spec.values["seed"] for spec in specs],
                 "metrics": {
                     name: _series([tags.get(tag, {}) for tags in events])
@@ -102,8 +100,7 @@ def figure_data(plan, results):
         "grad_norm_query")}
     measured = {arm for arm, _ in stats["score_std"]}
     arms = [arm for arm in plan.arms if arm in measured]
-    key_dims = sorted({k for arm in arms
-                       for k in _key_dims(stats["score_std"], arm)})
+    key_dims = sorted({k for arm, k in stats["score_std"] if arm in arms})
     return {
         "init_entropy": {arm: _over_key_dims(stats["entropy_normalized"],
                                              arm) for arm in arms},
@@ -116,9 +113,10 @@ def figure_data(plan, results):
     }
 
 
-def arms_over_key_dim(data):
-    """`(figure, ax)`: a line ± sd per arm against d_k (log-2 axis) of
-    `{arm: {"key_dims", "mean", "sd"}}`, or None without data."""
+def arms_over_key_dim(data, ylabel, title, unit=False, draw=None):
+    """A figure of a line ± sd per arm against d_k (log-2 axis) of `{arm:
+    {"key_dims", "mean", "sd"}}` and what `draw(ax)` adds, or None without
+    data."""
     if not data:
         return None
     figure, axes = new_figure()
@@ -126,4 +124,21 @@ def arms_over_key_dim(data):
     series_panel(ax, [(arm, arm, s["key_dims"], s["mean"], s["sd"])
                       for arm, s in data.items()])
     log2_axis(ax, sorted({k for s in data.values() for k in s["key_dims"]}))
-    return figure, ax
+    if draw is not None:
+        draw(ax)
+    finish_panel(ax, ylabel, title, unit=unit)
+    return figure
+
+
+def arms_panel(ax, document, rows, x, key, xlabel, ylabel, title, sd=None):
+    """A panel of a line per arm of `key` in [0, 1] against `x` (log-2 axis)
+    over `rows` of `{x: value, "arms": {arm: {key: ...}}}`, ± the arm's
+    `sd` (a key) when given."""
+    xs = [row[x] for row in rows]
+    series_panel(ax, [
+        (arm, arm, xs, [row["arms"][arm][key] for row in rows],
+         sd and [row["arms"][arm][sd] or 0.0 for row in rows])
+        for arm in document_arms(document, rows[0]["arms"])],
+        spread="errorbar" if sd else "none")
+    log2_axis(ax, xs, xlabel)
+    finish_panel(ax, ylabel, title, unit=True)

@@ -27,15 +27,15 @@ _INIT_METRICS = ("entropy", "entropy_normalized", "score_std",
                  "grad_norm_scores")
 
 
-def write_run_hparams_metrics(run_dir, record, steps):
-    """Writes one run's HParams metrics to `run_dir/validation/` at step
-    `steps`, in an event file of their own that a rerun replaces (never
+def write_run_hparams_metrics(run_dir, record):
+    """Writes one run's HParams metrics to `run_dir/validation/` at its last
+    step, in an event file of their own that a rerun replaces (never
     duplicates); `steps_to_target` the run logged there itself."""
     values = {"final_accuracy": record["final_accuracy"]}
     for key in _INIT_METRICS:
         if record["init"] and record["init"].get(key) is not None:
             values[f"init_{key}"] = record["init"][key]
-    write_end_metrics(run_dir, values, steps, METRICS_SUFFIX)
+    write_end_metrics(run_dir, values, record["steps"] or 0, METRICS_SUFFIX)
 
 
 # The comparison's HParams metrics, in each run's `validation/`: (tag,

@@ -11,6 +11,7 @@ Modules, each importing only those before it: presets, shards, plan
 from pipelines.engine.flags import add_grid_arguments
 from pipelines.engine.flags import check_runs
 from pipelines.engine.flags import parse_seeds
+from pipelines.engine.flags import parse_sizes
 from pipelines.engine.flags import plan_grid
 from pipelines.engine.plan import Grid
 from pipelines.engine.plan import Run
@@ -26,5 +27,5 @@ from pipelines.engine.shards import Shard
 __all__ = [
     "ARMS", "COMPARE_PRESETS", "SWEEP_PRESETS", "Arm", "Grid", "Preset",
     "Run", "Shard", "add_grid_arguments", "check_runs", "parse_seeds",
-    "plan_grid", "run_grid", "write_grid_experiment",
+    "parse_sizes", "plan_grid", "run_grid", "write_grid_experiment",
 ]

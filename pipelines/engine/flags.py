@@ -18,6 +18,7 @@ from pipelines.builders import build_task
 from pipelines.common import UsageError
 from pipelines.common import check_writable_directory
 from pipelines.common import parse_count
+from pipelines.common import parse_int_list
 from pipelines.devices import check_memory
 from pipelines.engine.plan import Grid
 from pipelines.engine.presets import ARM_SETTINGS
@@ -36,10 +37,10 @@ from pipelines.settings import value_types
 # Never an axis: what the arms and `--seeds` set, what names the grid, how
 # runs are executed and reported.
 _NOT_AXES = set(RUNTIME_FIELDS) | {"task", "backend", "seed", *ARM_SETTINGS}
-# The plural spellings of the usual axes.
+# The plural spellings of the usual axes (the seeds' is the grid's own).
 PLURALS = {"key_dim": ("--key-dims",),
            "learning_rate": ("--learning-rates",),
-           "optimizer": ("--optimizers",)}
+           "optimizer": ("--optimizers",), "seed": ("--seeds",)}
 # A count of seeds past this is a typo, not a grid (`--seeds 10**12` ended
 # in a MemoryError building the list).
 MAX_SEEDS = 1000
@@ -135,6 +136,12 @@ def parse_seeds(text, flag_name="--seeds"):
     return list(range(count))
 
 
+def parse_sizes(text, flag_name):
+    """`"none"` -> `[]`; `"64,16"` -> `[16, 64]` (`parse_int_list`)."""
+    return ([] if text.strip() == "none"
+            else sorted(parse_int_list(text, flag_name)))
+
+
 def _refuse_per_run_flags(args, command):
     for name in (*ARM_SETTINGS, "seed", "export"):
         if getattr(args, name, None) is None:
@@ -177,8 +184,6 @@ def _axes(args, given, preset):
 
 def axis_flag(name):
     """The flag of axis `name`: `--key-dims`, `--num-layers`, `--seeds`."""
-    if name == "seed":
-        return "--seeds"
     return PLURALS.get(name, (flag(name),))[0]
 
 

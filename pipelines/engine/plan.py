@@ -32,11 +32,8 @@ def value_text(value):
 
 def run_name(arm, values):
     """`<arm>-<tag><value>-...` over the axis values in order."""
-    parts = [arm]
-    for name, value in values.items():
-        tag = NAME_TAGS.get(name, f"{name}=")
-        parts.append(f"{tag}{value_text(value)}")
-    return "-".join(parts)
+    return "-".join([arm] + [NAME_TAGS.get(name, f"{name}=") + value_text(
+        value) for name, value in values.items()])
 
 
 @dataclasses.dataclass

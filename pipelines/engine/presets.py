@@ -86,8 +86,8 @@ class Preset:
         expected: the expected wall time, for `--help` and the report.
         trained: `{setting: values}`: runs with other values of the setting
             are measured at init only.
-        options: the report's own options (`variance_samples`, a compare
-            preset's `claims`, ...).
+        options: the report's own options (a compare preset's `claims` and
+            `length_multiples`, a sweep's `init_key_dims`, ...).
     """
 
     task: str
@@ -136,6 +136,7 @@ assert TASK_DEFAULTS["recall"]["optimizer"] == "sgd", (
     "rescale them per parameter as Adam does")
 
 _INIT_KEY_DIMS = (16, 64, 256, 1024, 4096)
+_FOUR_ARMS = ("scaled", "unscaled", "qk_norm", "ssmax")
 # The length grids' training (see the length preset).
 _LENGTH = dict(_COMPARISON, optimizer="adam", learning_rate=3e-3,
                warmup_steps=100, lr_schedule="cosine", num_keys=128,
@@ -152,7 +153,6 @@ COMPARE_PRESETS = {
         settings=dict(_COMPARISON, eval_every=50, diagnostics_every=50,
                       checkpoint_every=500, heldout_size=512),
         axes={"key_dim": (16, 64, 256, 1024)}, trained={"key_dim": (1024,)},
-        options={"variance_samples": 20000},
         # Six runs of 1000 steps at d_k 1024; two workers ("auto",
         # `runner.resolve_jobs`) train three each: 78 s in all on 2 idle
         # cores (2026-12-04; 12-25 s a run), with the layer's factored
@@ -165,7 +165,7 @@ COMPARE_PRESETS = {
         settings=dict(_COMPARISON, steps=2000, eval_every=100,
                       diagnostics_every=100, checkpoint_every=500,
                       heldout_size=1024),
-        axes={"key_dim": _INIT_KEY_DIMS}, options={"variance_samples": 20000},
+        axes={"key_dim": _INIT_KEY_DIMS},
         expected="200 runs of 2000 steps; roughly 35-70 minutes on one GPU "
         "with --jobs 4 (an estimate: a step of this small model is "
         "overhead-bound on a GPU), many hours on a 2-core CPU"),
@@ -185,7 +185,6 @@ COMPARE_PRESETS = {
                       diagnostics_every=100, checkpoint_every=300,
                       heldout_size=256, jit_compile="off"),
         axes={"key_dim": (16, 64, 256, 1024)}, trained={"key_dim": (1024,)},
-        options={"variance_samples": 20000},
         expected="about 8 minutes on 2 CPU cores"),
     # Text for a GPU: 256 characters, d_k up to 4096 trained, every arm.
     "text-gpu": Preset(
@@ -195,7 +194,6 @@ COMPARE_PRESETS = {
                       diagnostics_every=250, checkpoint_every=500,
                       heldout_size=1024, jit_compile="on"),
         axes={"key_dim": _INIT_KEY_DIMS}, trained={"key_dim": (1024, 4096)},
-        options={"variance_samples": 20000},
         expected="an estimate: about an hour on one GPU with --jobs 4"),
     # Claim 4 on a CPU. d_k 256, measured (one seed, 1000 steps): unscaled
     # trains at 1 layer (0.96, target at step 900) and fails at 2 and 4
@@ -206,7 +204,6 @@ COMPARE_PRESETS = {
         settings=dict(_COMPARISON, eval_every=100, diagnostics_every=500,
                       checkpoint_every=500, heldout_size=512),
         axes={"key_dim": (256,), "num_layers": (1, 2, 4)},
-        options={"variance_samples": 20000},
         # Measured 2026-12-02 on 2 shared cores (load 1.6-5 beside it; with
         # the length grid beside it at a load of 6-12: 14.5 minutes).
         expected="12 runs of 1000 steps, measured 7.6 minutes on 2 shared "
@@ -218,35 +215,30 @@ COMPARE_PRESETS = {
     # (0.066); Adam 3e-3 reached the target at step 400. The claim is about
     # the number of keys, not raw gradients.
     "length": Preset(
-        task="recall", arms=("scaled", "unscaled", "qk_norm", "ssmax"),
-        seeds=2, settings=dict(_LENGTH, heldout_size=512),
+        task="recall", arms=_FOUR_ARMS, seeds=2,
+        settings=dict(_LENGTH, heldout_size=512),
         axes={"key_dim": (64,), "num_pairs": (16, 64)},
-        options={"variance_samples": 20000,
-                 "length_multiples": (1, 2, 4, 8)},
+        options={"length_multiples": (1, 2, 4, 8)},
         # Measured as the depth grid was (beside it: 16.0 minutes).
         expected="16 runs of 1000 steps, measured 6.5 minutes on 2 shared "
         "CPU cores"),
-    # Claims 4 and 5 as a paper would run them: for a GPU.
-    "depth_full": Preset(
-        task="recall", arms=("scaled", "unscaled", "qk_norm", "ssmax"),
-        seeds=5,
-        settings=dict(_COMPARISON, eval_every=100, diagnostics_every=500,
-                      checkpoint_every=500, heldout_size=1024),
-        # d_k 256, where one layer trains unscaled (at 1024 the default
-        # comparison's unscaled runs end at 0.29 ± 0.35: little to widen).
-        axes={"key_dim": (256,), "num_layers": (1, 2, 4, 8)},
-        options={"variance_samples": 20000},
-        expected="80 runs of 1000 steps, up to 8 layers at d_k 256: an "
-        "estimate of 30-60 minutes on one GPU with --jobs 4 (not run yet)"),
-    "length_full": Preset(
-        task="recall", arms=("scaled", "unscaled", "qk_norm", "ssmax"),
-        seeds=5, settings=dict(_LENGTH, num_keys=256, heldout_size=1024),
-        axes={"key_dim": (64,), "num_pairs": (16, 64, 256)},
-        options={"variance_samples": 20000,
-                 "length_multiples": (1, 2, 4, 8)},
-        expected="60 runs of 1000 steps at 16, 64 and 256 pairs: an "
-        "estimate of 30-60 minutes on one GPU with --jobs 4 (not run yet)"),
 }
+# Claims 4 and 5 as a paper would run them, for a GPU: the CPU grids with
+# more seeds, the four arms and longer axes. Depth stays at d_k 256, where
+# one layer trains unscaled (at 1024 the default comparison's unscaled runs
+# end at 0.29 ± 0.35: little to widen).
+COMPARE_PRESETS["depth_full"] = dataclasses.replace(
+    COMPARE_PRESETS["depth"], arms=_FOUR_ARMS, seeds=5,
+    settings=dict(COMPARE_PRESETS["depth"].settings, heldout_size=1024),
+    axes={"key_dim": (256,), "num_layers": (1, 2, 4, 8)},
+    expected="80 runs of 1000 steps, up to 8 layers at d_k 256: an "
+    "estimate of 30-60 minutes on one GPU with --jobs 4 (not run yet)")
+COMPARE_PRESETS["length_full"] = dataclasses.replace(
+    COMPARE_PRESETS["length"], seeds=5,
+    settings=dict(_LENGTH, num_keys=256, heldout_size=1024),
+    axes={"key_dim": (64,), "num_pairs": (16, 64, 256)},
+    expected="60 runs of 1000 steps at 16, 64 and 256 pairs: an "
+    "estimate of 30-60 minutes on one GPU with --jobs 4 (not run yet)")
 
 SWEEP_PRESETS = {
     # The question at d_k 1024 in minutes on 2 CPU cores. Measured on the

@@ -38,27 +38,19 @@ def _image_markup(logdir, figures, alt, path):
             f'src="data:image/png;base64,{data}">')
 
 
-def markdown_to_html(text, image):
-    """The Markdown as HTML body markup; `image(alt, path)` gives each
-    image's markup."""
+def render_page(logdir, report_markdown, figures, title):
+    """The page's text; images are read from `logdir`, and `figures`
+    (`plotting.write_figures`) replace their PNG paths by their SVG."""
+    by_path = {item["path"]: item for item in figures}
     parser = MarkdownIt("commonmark", {"html": False}).enable("table")
 
     def render_image(renderer, tokens, index, options, env):
         token = tokens[index]
         alt = "".join(child.content for child in token.children or ())
-        return image(alt, token.attrGet("src"))
+        return _image_markup(logdir, by_path, alt, token.attrGet("src"))
 
     parser.add_render_rule("image", render_image)
-    return parser.render(text)
-
-
-def render_page(logdir, report_markdown, figures, title):
-    """The page's text; images are read from `logdir`, and `figures`
-    (`plotting.write_figures`) replace their PNG paths by their SVG."""
-    by_path = {item["path"]: item for item in figures}
-    body = markdown_to_html(
-        report_markdown,
-        lambda alt, path: _image_markup(logdir, by_path, alt, path))
+    body = parser.render(report_markdown)
     # A figure alone in its paragraph is a block of its own (a <figure>
     # may not sit inside a <p>).
     body = body.replace("<p><figure", "<figure").replace("</figure></p>",

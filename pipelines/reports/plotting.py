@@ -76,12 +76,8 @@ def finish_panel(ax, ylabel, title, unit=False, legend=True):
 def draw_figures(table, document):
     """`[(name, caption, Figure)]` of a figure table `[(name, caption,
     draw)]`, without those `draw(document)` has no data for (None)."""
-    made = []
-    for name, caption, draw in table:
-        figure = draw(document)
-        if figure is not None:
-            made.append((name, caption, figure))
-    return made
+    drawn = ((name, caption, draw(document)) for name, caption, draw in table)
+    return [made for made in drawn if made[2] is not None]
 
 
 def figure_svg(figure):

@@ -19,10 +19,10 @@ from pipelines.engine import SWEEP_PRESETS as PRESETS
 from pipelines.engine import add_grid_arguments
 from pipelines.engine import check_runs
 from pipelines.engine import parse_seeds
+from pipelines.engine import parse_sizes
 from pipelines.engine import plan_grid
 from pipelines.engine import run_grid
 from pipelines.engine import write_grid_experiment
-from pipelines.common import parse_int_list
 from pipelines.reports.page import render_page
 from pipelines.reports.plotting import write_figures
 from pipelines.sweep.analysis import run_record
@@ -41,11 +41,8 @@ ORDER = ("key_dim", "arm", "optimizer", "learning_rate", "seed")
 
 def _cpu_seconds():
     """CPU time of this process and of its finished children."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
+    return sum(usage.ru_utime + usage.ru_stime for usage in map(
+        resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def sweep(plan, log=print):
@@ -112,16 +109,12 @@ def plan_from_args(args):
     """The checked `Grid` of parsed `sweep` flags (`UsageError` on a bad
     one, before anything is written)."""
     plan = plan_grid(args, "sweep", PRESETS, DEFAULT_LOGDIR, order=ORDER)
-    text = args.init_key_dims
-    if text is not None:
-        plan.options["init_key_dims"] = (
-            [] if text.strip() == "none"
-            else sorted(parse_int_list(text, "--init-key-dims")))
-    if args.init_seeds is not None:
-        plan.options["init_seeds"] = parse_seeds(args.init_seeds,
-                                                 "--init-seeds")
-    else:
-        plan.options["init_seeds"] = list(range(plan.options["init_seeds"]))
+    if args.init_key_dims is not None:
+        plan.options["init_key_dims"] = parse_sizes(args.init_key_dims,
+                                                    "--init-key-dims")
+    plan.options["init_seeds"] = (
+        list(range(plan.options["init_seeds"])) if args.init_seeds is None
+        else parse_seeds(args.init_seeds, "--init-seeds"))
     return check_runs(plan)
 
 

@@ -27,8 +27,3 @@ from pipelines.compare.claims import variance
 
 CLAIMS = {module.__name__.rsplit(".", 1)[-1]: module
           for module in (variance, saturation, learning, depth, length)}
-
-
-def named(names):
-    """The claim modules of `names`, in order; KeyError for no claim."""
-    return [CLAIMS[name] for name in names]

@@ -16,6 +16,7 @@ from pipelines.common import markdown_table
 from pipelines.compare.claims.learning import GAP
 from pipelines.compare.measure import document_arms
 from pipelines.compare.measure import has_pair
+from pipelines.compare.series import arms_panel
 from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import MISSING
 from pipelines.reports.numbers import fmt
@@ -24,9 +25,7 @@ from pipelines.reports.numbers import fmt_steps
 from pipelines.reports.numbers import mean_sd
 from pipelines.reports.plotting import colour
 from pipelines.reports.plotting import finish_panel
-from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
-from pipelines.reports.plotting import series_panel
 
 NUMBER = "4"
 STATEMENT = "The scale is what lets deeper attention stacks train"
@@ -109,9 +108,8 @@ def depth_claim(plan, results):
         "gap"}], "trend", ...}`; `holds` and `trend` are None without both
         arms at two trained depths.
     """
-    key_dims = plan.trained_axis("key_dim")
+    key_dim = (plan.trained_axis("key_dim") or [None])[-1]
     depths = plan.trained_axis("num_layers")
-    key_dim = key_dims[-1] if key_dims else None
     pair = has_pair(plan)
     rows = []
     for depth in depths:
@@ -130,10 +128,9 @@ def depth_claim(plan, results):
     claim["gap_change"] = change
     claim["trend"] = ("widens" if change >= GAP else
                       "closes" if change <= -GAP else "leaves")
-    shallow = rows[0]["arms"]
     # The gap cannot widen where the shallow unscaled model never trained
     # and the scaled one did on every seed.
-    scaled, unscaled = (shallow[arm] for arm in PAIR)
+    scaled, unscaled = (rows[0]["arms"][arm] for arm in PAIR)
     claim["ceiling"] = (unscaled["reached"] == 0
                         and scaled["reached"] == len(scaled["seeds"]) > 0)
     scaled_ratio, unscaled_ratio = (
@@ -226,7 +223,6 @@ def section(plan, claim, results):
     if not claim["by_depth"]:
         return []
     arms = list(plan.arms)
-    key_dim = claim["key_dim"]
     accuracy = [
         [str(row["num_layers"])]
         + [fmt_mean_sd(row["arms"][arm]["final_accuracy"]) for arm in arms]
@@ -236,22 +232,18 @@ def section(plan, claim, results):
         + ([fmt(row["gap"]["mean"])] if row["gap"] else [])
         for row in claim["by_depth"]]
     gap = ["scaled − unscaled"] if claim["by_depth"][0]["gap"] else []
-    lines = [f"## Claim 4: depth (d_k {key_dim}, mean ± sd over seeds)", "",
+    lines = [f"## Claim 4: depth (d_k {claim['key_dim']}, mean ± sd over "
+             "seeds)", "",
              *markdown_table(
                  ["layers", *(f"accuracy {a}" for a in arms),
                   *(f"steps to target {a}" for a in arms), *gap], accuracy),
              "", "Normalized entropy per layer (1 = uniform), at init and "
              "at the end; layer 1 is the bottom of the stack.", ""]
-    entropy = []
-    for row in claim["by_depth"]:
-        for index in range(row["num_layers"]):
-            cells = [str(row["num_layers"]), str(index + 1)]
-            for arm in arms:
-                for stage in ("entropy_init", "entropy_final"):
-                    series = row["arms"][arm][stage]
-                    cells.append(fmt(series["mean"][index]) if series
-                                 and index < len(series["mean"]) else MISSING)
-            entropy.append(cells)
+    entropy = [[str(row["num_layers"]), str(index + 1)] + [
+        fmt(series["mean"][index]) if series and index < len(series["mean"])
+        else MISSING for arm in arms for series in (
+            row["arms"][arm][f"entropy_{s}"] for s in ("init", "final"))]
+        for row in claim["by_depth"] for index in range(row["num_layers"])]
     lines += markdown_table(
         ["layers", "layer", *(f"{a} {stage}" for a in arms
                               for stage in ("init", "end"))], entropy)
@@ -294,16 +286,10 @@ def _accuracy_figure(document):
     if not claim or not claim["by_depth"]:
         return None
     figure, axes = new_figure()
-    ax = axes[0][0]
-    depths = [row["num_layers"] for row in claim["by_depth"]]
-    series_panel(ax, [
-        (arm, arm, depths, [r["accuracy_mean"] for r in rows],
-         [r["accuracy_sd"] or 0.0 for r in rows])
-        for arm in document_arms(document, claim["by_depth"][0]["arms"])
-        for rows in ([row["arms"][arm] for row in claim["by_depth"]],)])
-    log2_axis(ax, depths, "attention layers")
-    finish_panel(ax, "final held-out accuracy", f"Accuracy against depth, "
-                 f"d_k {claim['key_dim']} (mean ± sd)", unit=True)
+    arms_panel(axes[0][0], document, claim["by_depth"], "num_layers",
+               "accuracy_mean", "attention layers", "final held-out accuracy",
+               f"Accuracy against depth, d_k {claim['key_dim']} (mean ± sd)",
+               sd="accuracy_sd")
     return figure
 
 
@@ -316,15 +302,13 @@ def _entropy_figure(document):
     figure, axes = new_figure(4.2 * len(rows), 3.6, 1, len(rows))
     for ax, row in zip(axes[0], rows):
         for arm in document_arms(document, row["arms"]):
-            values = row["arms"][arm]
             for stage, style, when in (("entropy_init", "-", "init"),
                                        ("entropy_final", "--", "end")):
-                series = values[stage]
-                if not series:
-                    continue
-                layers = list(range(1, len(series["mean"]) + 1))
-                ax.plot(layers, series["mean"], color=colour(arm),
-                        linestyle=style, marker="o", label=f"{arm} {when}")
+                mean = (row["arms"][arm][stage] or {}).get("mean")
+                if mean:
+                    ax.plot(list(range(1, len(mean) + 1)), mean,
+                            color=colour(arm), linestyle=style, marker="o",
+                            label=f"{arm} {when}")
         ax.set_xticks(list(range(1, row["num_layers"] + 1)))
         ax.set_xlabel("layer (1 = bottom)")
         finish_panel(ax, "entropy / log(#keys)",

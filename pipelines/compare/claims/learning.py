@@ -15,6 +15,7 @@ from pipelines.reports.numbers import fmt_mean_sd
 from pipelines.reports.numbers import fmt_steps
 from pipelines.reports.numbers import mean_sd
 from pipelines.reports.numbers import over_seeds
+from pipelines.reports.numbers import ratio
 from pipelines.reports.plotting import finish_panel
 from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
@@ -30,6 +31,8 @@ GAP = 0.1
 # (top-1 of ~100 symbols) moves little while the loss still falls. This many
 # bits (about 2% of the stdlib corpus's 4.56-bit unigram baseline) is a gap.
 BITS_GAP = 0.1
+# The gradient norms at init compared (dL/dscores, dL/dW_Q, dL/dW_K).
+_GRADIENTS = ("scores", "query", "key")
 # The control arms, in the order the verdict discusses them.
 _CONTROL_ARMS = ("saturated_init", "compensated_init", "learned", "qk_norm")
 # The controls that explain a gap: what each starts from, and what it means
@@ -74,9 +77,7 @@ def _init_ratio(paired, key):
     """Unscaled over scaled mean of the init statistic `key`, or None."""
     scaled = mean_sd([s["init"][key] for _, s, _ in paired if s["init"]])[0]
     unscaled = mean_sd([u["init"][key] for _, _, u in paired if u["init"]])[0]
-    if not scaled or unscaled is None:
-        return None
-    return unscaled / scaled
+    return ratio(unscaled, scaled)
 
 
 def _training_gap(results, key_dim):
@@ -103,9 +104,8 @@ def _training_gap(results, key_dim):
                               for _, s, _ in paired),
         "unscaled_reached": sum(u["steps_to_target"] is not None
                                 for _, _, u in paired),
-        "grad_scores_ratio": _init_ratio(paired, "grad_norm_scores"),
-        "grad_query_ratio": _init_ratio(paired, "grad_norm_query"),
-        "grad_key_ratio": _init_ratio(paired, "grad_norm_key"),
+        **{f"grad_{name}_ratio": _init_ratio(paired, f"grad_norm_{name}")
+           for name in _GRADIENTS},
         "gap_every_seed": every,
         "gap_on_average": average,
     }
@@ -127,7 +127,7 @@ def learning_claim(plan, results):
     largest = gaps[-1] if gaps else None
     return {
         "arms_at_largest_key_dim": {
-            arm: _arm_at(run_values(results, arm, key_dims[-1], lambda r: r))
+            arm: _arm_at(run_values(results, arm, key_dims[-1]))
             for arm in plan.arms} if key_dims else {},
         "holds": (
             None if largest is None or not largest["seeds"]
@@ -226,20 +226,17 @@ def control_lines(arms, key_dim, gap):
                 f"{arm['seeds']} seeds (mean final accuracy "
                 f"{fmt(arm['final_accuracy'])})")
 
-    def ran(name):
-        return name in arms and arms[name]["seeds"]
-
-    if not gap:
-        return [f"At d_k {key_dim}, {outcome(name)}."
-                for name in _CONTROL_ARMS if ran(name)]
     lines = []
-    for name, (start, learned, failed) in _INIT_CONTROLS.items():
-        if ran(name):
+    for name in _CONTROL_ARMS:
+        if not (name in arms and arms[name]["seeds"]):
+            continue
+        if gap and name in _INIT_CONTROLS:
+            start, learned, failed = _INIT_CONTROLS[name]
             lines.append(
                 f"Control at d_k {key_dim}: {outcome(name)}. It has {start}; "
                 + (learned if arms[name]["reached"] > 0 else failed))
-    lines += [f"At d_k {key_dim}, {outcome(name)}."
-              for name in ("learned", "qk_norm") if ran(name)]
+        else:
+            lines.append(f"At d_k {key_dim}, {outcome(name)}.")
     return lines
 
 
@@ -251,15 +248,14 @@ def section(plan, claim, results):
     results = sliced(plan, results)
     rows = []
     for g in claim["by_key_dim"]:
-        records = {arm: run_values(results, arm, g["key_dim"], lambda r: r)
+        records = {arm: run_values(results, arm, g["key_dim"])
                    for arm in PAIR}
         rows.append(
             [str(g["key_dim"])]
             + [fmt_mean_sd([r["final_accuracy"] for r in records[arm]])
                for arm in PAIR]
             + [fmt_steps(records[arm]) for arm in PAIR]
-            + [fmt(g["grad_scores_ratio"]), fmt(g["grad_query_ratio"]),
-               fmt(g["grad_key_ratio"])])
+            + [fmt(g[f"grad_{name}_ratio"]) for name in _GRADIENTS])
     if not rows:
         return []
     return ["## Training and gradients, unscaled vs scaled", "",

@@ -12,7 +12,7 @@ from pipelines.builders import build_task
 from pipelines.common import markdown_table
 from pipelines.compare.claims import length_measures
 from pipelines.compare.claims.learning import GAP
-from pipelines.compare.measure import document_arms
+from pipelines.compare.series import arms_panel
 from pipelines.engine.presets import ARMS
 from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import fmt
@@ -23,7 +23,6 @@ from pipelines.reports.plotting import colour
 from pipelines.reports.plotting import finish_panel
 from pipelines.reports.plotting import log2_axis
 from pipelines.reports.plotting import new_figure
-from pipelines.reports.plotting import series_panel
 
 NUMBER = "5"
 STATEMENT = "With the 1/√d_k scale attention fades as n grows"
@@ -212,7 +211,7 @@ def _fade_words(fades, scaled, aware, what, span):
 
 
 def section(plan, claim, results):
-    curves = claim["init"]["curves"]
+    curves, arms = claim["init"]["curves"], list(plan.arms)
     by_mode = curves["modes"]
     modes = list(by_mode)
     lines = [f"## Claim 5: sequence length (init at d_k {curves['key_dim']}, "
@@ -227,7 +226,7 @@ def section(plan, claim, results):
                   *markdown_table(["n", *modes], rows), ""]
     trained = claim["trained"]
     if trained["rows"]:
-        axis, arms = trained["axis"], list(plan.arms)
+        axis = trained["axis"]
         weights = trained["basis"] == "relevant_weight"
         rows = [
             [str(row[axis])]
@@ -248,7 +247,6 @@ def section(plan, claim, results):
                       rows), ""]
     rows = claim["extrapolation"]["rows"]
     if rows:
-        arms = list(plan.arms)
         cells = [[f"{row['eval_pairs']} ({row['multiple']}×)"] + [
             fmt_mean_sd(row["arms"][arm]["accuracy"]) for arm in arms] + [
             fmt_mean_sd(row["arms"][arm]["relevant_weight"]) for arm in arms]
@@ -299,16 +297,6 @@ def _claim(document):
     return (document.get("claims") or {}).get(NUMBER) or {}
 
 
-def _arms_panel(ax, document, rows, key, x, xlabel, title, subtitle):
-    """`key` of each arm against `x` over the rows."""
-    xs = [row[x] for row in rows]
-    series_panel(ax, [
-        (arm, arm, xs, [row["arms"][arm][key] for row in rows], None)
-        for arm in document_arms(document, rows[0]["arms"])], spread="none")
-    log2_axis(ax, xs, xlabel)
-    finish_panel(ax, title, subtitle, unit=True)
-
-
 def _init_figure(document):
     claim = _claim(document)
     if not claim:
@@ -337,8 +325,8 @@ def _trained_figure(document):
         return None
     figure, axes = new_figure()
     axis = trained["axis"]
-    _arms_panel(axes[0][0], document, trained["rows"], "mean", axis, axis,
-                "final held-out accuracy", f"Trained at each {axis}")
+    arms_panel(axes[0][0], document, trained["rows"], axis, "mean", axis,
+               "final held-out accuracy", f"Trained at each {axis}")
     return figure
 
 
@@ -350,9 +338,9 @@ def _eval_figure(document):
     for ax, key, title in zip(axes[0], ("accuracy", "relevant_weight"),
                               ("held-out accuracy", "query's weight on "
                                "its pair")):
-        _arms_panel(ax, document, rows, f"{key}_mean", "eval_pairs",
-                    "evaluated pairs", title,
-                    f"Trained at {rows[0]['eval_pairs']} pairs")
+        arms_panel(ax, document, rows, "eval_pairs", f"{key}_mean",
+                   "evaluated pairs", title,
+                   f"Trained at {rows[0]['eval_pairs']} pairs")
     return figure
 
 

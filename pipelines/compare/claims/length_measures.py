@@ -165,14 +165,11 @@ def init_curves(key_dim, reference_length, trials=INIT_TRIALS):
             if arm.scale == "ssmax" else None)
         curves[arm.mode] = {
             "num_keys": [int(n) for n in measured["num_keys"]],
-            "score_scale": [float(c) for c in measured["score_scale"]],
-            **{name: [float(v) for v in measured[name]]
-               for name in INIT_STATISTICS},
-            **{f"{name}_sem": [float(v) for v in measured[f"{name}_sem"]]
-               for name in INIT_STATISTICS},
+            **{name: [float(v) for v in measured[name]] for name in (
+                "score_scale", *INIT_STATISTICS,
+                *(f"{name}_sem" for name in INIT_STATISTICS))},
             "theory": {name: [float(v) for v in measured["theory"][name]]
-                       for name in INIT_STATISTICS},
-        }
+                       for name in INIT_STATISTICS}}
     return {"key_dim": key_dim, "reference_length": reference_length,
             "trials": trials, "modes": curves}
 

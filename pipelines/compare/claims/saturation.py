@@ -13,7 +13,6 @@ from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import fmt
 from pipelines.reports.numbers import mean_sd
 from pipelines.reports.numbers import ratio
-from pipelines.reports.plotting import finish_panel
 
 NUMBER = "2"
 STATEMENT = "Unscaled scores saturate the softmax, more so as d_k grows"
@@ -31,14 +30,10 @@ def saturation_claim(plan, results):
     if not has_pair(plan):
         return {"holds": None, "unscaled_lower": None,
                 "unscaled_falling_with_key_dim": None, "entropy": []}
-    entropy = []
-    for key_dim in plan.axis("key_dim"):
-        row = {"key_dim": key_dim}
-        for arm in PAIR:
-            for key in _STATISTICS:
-                row[f"{arm}_{key}"] = mean_sd(
-                    init_values(results, arm, key_dim, key))[0]
-        entropy.append(row)
+    entropy = [{"key_dim": key_dim, **{
+        f"{arm}_{key}": mean_sd(init_values(results, arm, key_dim, key))[0]
+        for arm in PAIR for key in _STATISTICS}}
+        for key_dim in plan.axis("key_dim")]
     lower = all(r["unscaled_entropy_normalized"]
                 < r["scaled_entropy_normalized"] for r in entropy)
     unscaled = [r["unscaled_entropy_normalized"] for r in entropy]
@@ -105,14 +100,9 @@ def section(plan, claim, results):
 
 
 def _init_entropy_figure(document):
-    drawn = arms_over_key_dim(document["figures"]["init_entropy"])
-    if drawn is None:
-        return None
-    figure, ax = drawn
-    finish_panel(ax, "entropy / log(#keys) at init",
-                 "Softmax entropy at init (1 = uniform, 0 = one-hot)",
-                 unit=True)
-    return figure
+    return arms_over_key_dim(
+        document["figures"]["init_entropy"], "entropy / log(#keys) at init",
+        "Softmax entropy at init (1 = uniform, 0 = one-hot)", unit=True)
 
 
 def _attention_figure(document, stage):

@@ -11,7 +11,6 @@ from pipelines.compare.measure import sliced
 from pipelines.compare.series import arms_over_key_dim
 from pipelines.engine.presets import PAIR
 from pipelines.reports.numbers import mean_sd
-from pipelines.reports.plotting import finish_panel
 from pipelines.variance import variance_markdown
 
 NUMBER = "1"
@@ -142,19 +141,18 @@ def section(plan, claim, results):
 
 
 def _score_std_figure(document):
-    drawn = arms_over_key_dim(document["figures"]["score_std"])
-    if drawn is None:
-        return None
-    figure, ax = drawn
-    ax.set_yscale("log", base=2)
     reference = document["figures"]["sqrt_key_dim"]
-    ax.plot(reference["key_dims"], reference["value"], color="black",
-            linestyle="--", linewidth=1, label="√d_k")
-    ax.plot(reference["key_dims"], [1.0] * len(reference["key_dims"]),
-            color="grey", linestyle=":", linewidth=1, label="1")
-    finish_panel(ax, "std of the scores at init",
-                 "Score std at init, mean ± sd over seeds")
-    return figure
+
+    def theory(ax):
+        ax.set_yscale("log", base=2)
+        ax.plot(reference["key_dims"], reference["value"], color="black",
+                linestyle="--", linewidth=1, label="√d_k")
+        ax.plot(reference["key_dims"], [1.0] * len(reference["key_dims"]),
+                color="grey", linestyle=":", linewidth=1, label="1")
+
+    return arms_over_key_dim(
+        document["figures"]["score_std"], "std of the scores at init",
+        "Score std at init, mean ± sd over seeds", draw=theory)
 
 
 FIGURES = (
