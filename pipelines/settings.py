@@ -267,8 +267,9 @@ class TrainConfig:
                             choices=STRATEGIES, kind=RUNTIME)
     precision: str = setting("auto", "devices", "dtype policy",
                              choices=PRECISIONS)
-    jit_compile: str = setting("auto", "devices", "XLA for the train step",
-                               choices=JIT_MODES, kind=RUNTIME)
+    jit_compile: str = setting(
+        "auto", "devices", "compile the train step (XLA; torch.compile on "
+        "torch, only when on)", choices=JIT_MODES, kind=RUNTIME)
     deterministic: bool = setting(
         False, "devices", "repeatable runs: deterministic kernels on every "
         "backend (TensorFlow's op determinism, XLA's deterministic GPU "
