@@ -1,10 +1,10 @@
 """Which path a `ScaledDotProductAttention` call takes: one policy, by
 device.
 
-`choose_path` is the whole policy; the layer asks it on every call and a
-memory estimate asks `attention_path`. `"auto"` picks, for a call that
-needs only the output (T·S the query-key pairs, "long" from
-`MEMORY_EFFICIENT_THRESHOLD` = 4096²):
+`choose_path` is the whole policy; the layer asks it on every call, and
+a memory estimate asks `attention_path` and `materialises`. `"auto"`
+picks, for a call that needs only the output (T·S the query-key pairs,
+"long" from `MEMORY_EFFICIENT_THRESHOLD` = 4096²):
 
 | device | short | long |
 |---|---|---|
@@ -135,6 +135,20 @@ def device_kind():
     """`"cpu"`, `"gpu"` or `"tpu"`: the kind of device the running Keras
     backend computes on by default (asked once per backend)."""
     return _kind_of(keras.backend.backend())
+
+
+def materialises(path, device=None):
+    """Whether `path` keeps `(B, H, T, S)` score maps in memory while it
+    trains on `device` (default: this one): the explicit paths do, the
+    memory-efficient one does not, and the fused one does not on a GPU
+    (cuDNN's and the flash kernels keep them on chip); on a CPU the fused
+    ops of TensorFlow and JAX are einsums, and torch's chunks only
+    unmasked calls, so it counts there."""
+    if path == "memory_efficient":
+        return False
+    if path == "fused":
+        return (device or device_kind()) != "gpu"
+    return True
 
 
 def attention_path(query_length, key_length, implementation="auto",

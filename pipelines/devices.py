@@ -7,6 +7,7 @@ import os
 import keras
 
 from keras_attention.paths import attention_path
+from keras_attention.paths import materialises
 from pipelines.backends import backend_module
 from pipelines.common import UsageError
 
@@ -100,12 +101,13 @@ def open_run_devices(config):
 
 def attention_bytes(config, seq_len):
     """An estimate of the attention maps' bytes for a run of `config` on
-    sequences of `seq_len`: the training batch's (none on the chunked
-    path) or the probe's, which materialises its weights, the larger."""
+    sequences of `seq_len`: the training batch's (none where its path
+    keeps no maps: `materialises`) or the probe's, which materialises its
+    weights, the larger."""
     one_map = 4 * config.num_heads * seq_len * seq_len * (
         _MAPS_PER_LAYER * config.num_layers)
     path = attention_path(seq_len, seq_len, **config.group("attention"))
-    train = 0 if path == "memory_efficient" else config.batch_size * one_map
+    train = config.batch_size * one_map if materialises(path) else 0
     return max(train, config.probe_size * one_map)
 
 

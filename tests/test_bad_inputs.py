@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from keras_attention import paths
 from keras_attention.layer import ScaledDotProductAttention
 from pipelines.backends import BACKENDS
 from pipelines.backends import Devices
@@ -225,6 +226,24 @@ def test_the_memory_estimate_takes_the_layers_path(
         one_map = 4 * length * length * 4
         assert attention_bytes(config, length) == (
             one_map if chunked else 8 * one_map), (length, chunked)
+
+
+def test_on_a_gpu_the_fused_path_keeps_no_maps_in_the_estimate(
+        tiny_config, monkeypatch):
+    # A faked GPU: "auto" is fused at every length there (cuDNN keeps the
+    # maps on chip), so only the probe's maps count, at 64 tokens as at
+    # 8192; a path named explicit still counts the training batch's.
+    monkeypatch.setattr(paths, "device_kind", lambda: "gpu")
+    config = tiny_config(probe_size=2, num_heads=1, num_layers=1,
+                         batch_size=8, implementation="auto")
+    for length in (64, 8192):
+        one_map = 4 * length * length * 4
+        assert attention_bytes(config, length) == 2 * one_map
+    assert attention_bytes(config.replace(implementation="explicit"),
+                           64) == 8 * 4 * 64 * 64 * 4
+    assert paths.materialises("fused", "cpu")
+    assert not paths.materialises("fused", "gpu")
+    assert not paths.materialises("memory_efficient", "cpu")
 
 
 def test_variance_output_is_checked_before_the_computation(tmp_path, capsys):
