@@ -362,19 +362,17 @@ class ScaledDotProductAttention(keras.layers.Layer):
             scale = self.learned_scale
         elif self.scale == "ssmax":  # every path, with the queries scaled
             q, scale = utils.ssmax_queries(q, k, masks, self.ssmax_scale), 1.0
-        masked = masks.causal or any(
-            mask is not None
-            for mask in (masks.query, masks.key, masks.attention))
-        path = self._choose_path(q, k, need_weights, dropout_active, masked)
+        padded = any(mask is not None
+                     for mask in (masks.query, masks.key, masks.attention))
+        path = self._choose_path(q, k, need_weights, dropout_active,
+                                 masks.causal or padded)
         if path == "memory_efficient":
             return memory_efficient_attention(
                 q, k, v, scale=scale, key_mask=masks.key,
                 query_mask=masks.query, attention_mask=masks.attention,
                 causal=masks.causal,
                 logit_soft_cap=self.logit_soft_cap), None
-        if path == "fused" and masks.causal and not any(
-                mask is not None
-                for mask in (masks.query, masks.key, masks.attention)):
+        if path == "fused" and masks.causal and not padded:
             return utils.fused_attention(q, k, v, None, scale,
                                          causal=True), None
         mask = masks.combined(ops.shape(q)[1], ops.shape(k)[1])

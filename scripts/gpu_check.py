@@ -38,6 +38,7 @@ from _bench import text_table  # noqa: E402
 from keras_attention.layer import ScaledDotProductAttention  # noqa: E402
 from pipelines.common import write_json_atomic  # noqa: E402
 from pipelines.common import write_text_atomic  # noqa: E402
+from pipelines.run_dir import read_metrics  # noqa: E402
 from pipelines.run_dir import without_clocks  # noqa: E402
 
 # "auto" is one of these at any size, so it adds no case.
@@ -145,9 +146,9 @@ def deterministic_check(logdir, smoke):
         started[name] = subprocess.Popen(command)
         if not smoke:  # one at a time: the cost compares their clocks
             started[name].wait()
-    runs = {name: dict(exit=process.wait(), metrics=json.loads(
-        _read(logdir, name, "metrics.json") or "null"))
-        for name, process in started.items()}
+    runs = {name: dict(exit=process.wait(),
+                       metrics=read_metrics(os.path.join(logdir, name)))
+            for name, process in started.items()}
     first, second, plain = (runs[name]["metrics"] for name in runs)
     identical = None if None in (first, second) else (
         without_clocks(first) == without_clocks(second))
@@ -228,8 +229,7 @@ def summary(logdir, out, smoke):
     rows, bench_table = bench_layer_rows(_read(logdir, "bench_layer.log"))
     train, train_tables = bench_train_results(_read(logdir, "bench_train.log"))
     callback_log = _read(logdir, "callback.log")
-    torch_run = json.loads(_read(logdir, "torch-train", "metrics.json")
-                           or "{}")
+    torch_run = read_metrics(os.path.join(logdir, "torch-train")) or {}
     document = dict(
         run=dict(date=datetime.date.today().isoformat(), smoke=smoke,
                  logdir=logdir, stages_s=sum(s["seconds"] for s in stages)),

@@ -93,20 +93,42 @@ def make_tiny_config(task="recall", **settings):
 
 def train_tiny(tmp_path, **settings):
     """`keras-attention train --quiet` of a 2-step tiny recall run in
-    `tmp_path/run`, `settings` given as flags: `(exit status, non-blank
-    stderr lines)`."""
+    `tmp_path/run`, `settings` given as flags (a bool as a switch):
+    `(exit status, non-blank stderr lines)`."""
     values = {"task": "recall", **TINY_TASKS["recall"],
               **{k: v for k, v in TINY_LOOP.items() if k != "verbose"},
               "steps": 2, "logdir": str(tmp_path / "run"), **settings}
     argv = ["train", "--quiet"]
     for name, value in values.items():
-        argv += [flag(name), repr(value) if isinstance(value, float)
-                 else str(value)]
+        if isinstance(value, bool):  # a switch: --name or --no-name
+            argv.append(flag(name) if value
+                        else flag(name).replace("--", "--no-", 1))
+        else:
+            argv += [flag(name), repr(value) if isinstance(value, float)
+                     else str(value)]
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         status = cli.main(argv)
     return status, [line for line in stderr.getvalue().splitlines()
                     if line.strip()]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """`spy(module, name)`: `module.name` wrapped for this test so each
+    call's keyword arguments are recorded; returns the list of them."""
+
+    def watch(module, name):
+        calls, original = [], getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(kwargs)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+        return calls
+
+    return watch
 
 
 @pytest.fixture(scope="session")

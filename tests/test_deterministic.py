@@ -7,48 +7,33 @@ one line, of a deterministic JAX run on a GPU whose XLA started without
 them (a faked GPU).
 """
 
-import contextlib
-import io
 import json
 
 import keras
 import pytest
 
-from conftest import TINY_LOOP
-from conftest import TINY_TASKS
-from pipelines import cli
+from tests.conftest import train_tiny
 from pipelines.backends import XLA_DETERMINISTIC
 from pipelines.backends import set_deterministic_environment
 from pipelines.run_dir import without_clocks
-from pipelines.settings import flag
 
 BACKEND = keras.backend.backend()
 
 
-def _train(logdir, *extra):
-    loop = {k: v for k, v in TINY_LOOP.items() if k != "verbose"}
-    values = {"task": "recall", **TINY_TASKS["recall"], **loop,
-              "steps": 20, "eval_every": 5, "diagnostics_every": 10,
-              "logdir": str(logdir)}
-    argv = ["train", "--quiet", *extra]
-    for name, value in values.items():
-        argv += [flag(name), str(value)]
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr):
-        status = cli.main(argv)
-    return status, stderr.getvalue().strip()
+# 20 steps, evaluated every 5 and probed every 10: enough to tell runs apart.
+RUN = dict(steps=20, eval_every=5, diagnostics_every=10)
 
 
 @pytest.mark.backends("jax", "torch")
 def test_two_deterministic_runs_write_the_same_metrics(tmp_path):
     metrics = []
     for name in ("first", "second"):
-        status, err = _train(tmp_path / name, "--deterministic")
+        status, err = train_tiny(tmp_path / name, deterministic=True, **RUN)
         assert status == 0, err
-        config = json.loads((tmp_path / name / "config.json").read_text())
+        run = tmp_path / name / "run"
+        config = json.loads((run / "config.json").read_text())
         assert config["deterministic"] is True
-        metrics.append(json.loads(
-            (tmp_path / name / "metrics.json").read_text()))
+        metrics.append(json.loads((run / "metrics.json").read_text()))
     first, second = map(without_clocks, metrics)
     # Not vacuous: the runs trained and were measured.
     assert len(first["eval_history"]) == 5  # steps 0, 5, ..., 20
@@ -76,7 +61,7 @@ def test_jax_on_a_gpu_started_without_the_flag_is_refused(
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setenv("XLA_FLAGS", "")
-    status, err = _train(tmp_path / "run", "--deterministic")
+    status, err = train_tiny(tmp_path, deterministic=True, **RUN)
     assert status == 2
-    assert len(err.splitlines()) == 1 and "--deterministic" in err, err
-    assert XLA_DETERMINISTIC in err
+    assert len(err) == 1 and "--deterministic" in err[0], err
+    assert XLA_DETERMINISTIC in err[0]

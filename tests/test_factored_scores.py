@@ -23,17 +23,9 @@ WIDTHS = {"query": 6, "key": 5, "value": 7}
 
 
 @pytest.fixture
-def factored_calls(monkeypatch):
-    """Counts the calls of `factored_query_key`."""
-    calls = []
-    original = _layer_utils.factored_query_key
-
-    def counted(*args):
-        calls.append(args)
-        return original(*args)
-
-    monkeypatch.setattr(_layer_utils, "factored_query_key", counted)
-    return calls
+def factored_calls(spy):
+    """The calls of `factored_query_key`."""
+    return spy(_layer_utils, "factored_query_key")
 
 
 def _inputs(rng, cross, batch=3, length=5, keys=6):

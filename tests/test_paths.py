@@ -94,21 +94,21 @@ def test_a_bad_device_is_refused_naming_it():
         paths.choose_path(device="npu")
 
 
-def test_this_machine_is_a_cpu():
-    assert paths.device_kind() == "cpu"
+@pytest.mark.parametrize("platform,kind", [
+    ("cpu", "cpu"), ("gpu", "gpu"), ("cuda", "gpu"), ("rocm", "gpu"),
+    ("tpu", "tpu"), ("METAL", "cpu")])
+def test_a_backends_platform_names_its_device_kind(monkeypatch, platform,
+                                                   kind):
+    # JAX's platform names, through the uncached lookup.
+    jax = pytest.importorskip("jax")
+    monkeypatch.setattr(jax, "default_backend", lambda: platform)
+    assert paths._kind_of.__wrapped__("jax") == kind
 
 
 @pytest.fixture
-def fused_calls(monkeypatch):
-    calls = []
-    original = _layer_utils.fused_attention
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("causal", False))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_layer_utils, "fused_attention", counted)
-    return calls
+def fused_calls(spy):
+    """The calls of the fused path, each its keyword arguments."""
+    return spy(_layer_utils, "fused_attention")
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "padding"])
@@ -130,7 +130,8 @@ def test_the_layer_on_a_faked_gpu_takes_the_fused_op(monkeypatch, mask,
                                       scale="learned", output_dim=5)
     output = layer(query, value, **options)
     # The causal mask alone goes to the op's own causal mode.
-    assert fused_calls == [mask == "causal"]
+    assert [call.get("causal", False) for call in fused_calls] == [
+        mask == "causal"]
     explicit = ScaledDotProductAttention.from_config(
         {**layer.get_config(), "implementation": "explicit"})
     explicit(query, value, **options)
@@ -143,18 +144,11 @@ def test_the_layer_on_a_faked_gpu_takes_the_fused_op(monkeypatch, mask,
         np.testing.assert_array_equal(ops.convert_to_numpy(output)[0], 0.0)
 
 
-def test_the_layer_on_a_faked_tpu_chunks_long_sequences(monkeypatch,
+def test_the_layer_on_a_faked_tpu_chunks_long_sequences(monkeypatch, spy,
                                                         fused_calls):
     monkeypatch.setattr(paths, "device_kind", lambda: "tpu")
     monkeypatch.setattr(paths, "MEMORY_EFFICIENT_THRESHOLD", 16)
-    chunked = []
-    original = layer_module.memory_efficient_attention
-
-    def counted(*args, **kwargs):
-        chunked.append(True)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(layer_module, "memory_efficient_attention", counted)
+    chunked = spy(layer_module, "memory_efficient_attention")
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 5, 8)).astype("float32")
     layer = ScaledDotProductAttention(key_dim=4, num_heads=2)
